@@ -1,0 +1,87 @@
+//! The TOML configuration file: one section per component.
+
+use std::path::Path;
+
+use anyhow::Context;
+use serde::Deserialize;
+use switchyard_node::NodeConfig;
+
+/// The whole configuration file.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// `[node]`: the back-end web server.
+    pub node: Option<NodeConfig>,
+    /// `[log]`: logging.
+    #[serde(default)]
+    pub log: LogConfig,
+}
+
+/// `[log]` section.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// A tracing filter such as `info` or `switchyard_node=debug`; the
+    /// `RUST_LOG` environment variable wins when set.
+    pub level: String,
+    /// `text` or `json`.
+    pub format: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            level: "info".into(),
+            format: "text".into(),
+        }
+    }
+}
+
+impl FileConfig {
+    /// Parse a configuration text; errors name the offending key.
+    pub fn parse(text: &str) -> anyhow::Result<FileConfig> {
+        let cfg: FileConfig = toml::from_str(text)?;
+        if !matches!(cfg.log.format.as_str(), "text" | "json") {
+            anyhow::bail!("log.format must be \"text\" or \"json\"");
+        }
+        Ok(cfg)
+    }
+
+    /// Read and parse a configuration file.
+    pub fn load(path: &Path) -> anyhow::Result<FileConfig> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config file {}", path.display()))?;
+        Self::parse(&text).with_context(|| format!("invalid config file {}", path.display()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_file_parses_and_matches_defaults_where_it_says_so() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../switchyard.example.toml");
+        let cfg = FileConfig::load(&path).unwrap();
+        let node = cfg.node.expect("example has a [node] section");
+        assert_eq!(node.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(node.admin.unwrap().to_string(), "127.0.0.1:9080");
+        assert_eq!(node.cache_policy, "lfu");
+        assert_eq!(node.cache_bytes, 268_435_456);
+        assert_eq!(node.disk.latency_us, 0);
+        let d = NodeConfig::default();
+        assert_eq!(node.header_timeout_ms, d.header_timeout_ms);
+        assert_eq!(node.max_head_bytes, d.max_head_bytes);
+        assert_eq!(cfg.log.level, "info");
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_errors() {
+        let e =
+            FileConfig::parse("[node]\nlisten = \"127.0.0.1:1\"\ncache_byte = 5\n").unwrap_err();
+        assert!(format!("{e:#}").contains("cache_byte"), "{e:#}");
+        assert!(FileConfig::parse("[node]\nlisten = \"nope\"\n").is_err());
+        assert!(FileConfig::parse("[log]\nformat = \"xml\"\n").is_err());
+        assert!(FileConfig::parse("[nodes]\n").is_err());
+    }
+}

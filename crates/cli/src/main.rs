@@ -1,0 +1,74 @@
+//! The `switchyard` binary: every component behind one command.
+//!
+//! `switchyard node` runs a back-end web server, `switchyard demo` starts a
+//! local cluster on a generated site with no setup. Configuration comes
+//! from one TOML file (`--config`, see `switchyard.example.toml`), and
+//! flags override it.
+
+mod config;
+mod demo;
+mod node_cmd;
+mod runtime;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::FileConfig;
+
+/// switchyard: many ordinary machines acting as one fast web site.
+#[derive(Parser, Debug)]
+#[command(name = "switchyard", version, about, propagate_version = true)]
+struct Cli {
+    /// TOML configuration file (see switchyard.example.toml).
+    #[arg(long, short = 'c', global = true, env = "SWITCHYARD_CONFIG")]
+    config: Option<PathBuf>,
+    /// Log output format: text or json (overrides [log] format).
+    #[arg(long, global = true, value_parser = ["text", "json"])]
+    log_format: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a back-end web server node.
+    Node(node_cmd::NodeArgs),
+    /// Start a local cluster on a generated sample site (no setup, no privileges).
+    Demo(demo::DemoArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("switchyard: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let file = match &cli.config {
+        Some(p) => FileConfig::load(p)?,
+        None => FileConfig::default(),
+    };
+    let format = cli.log_format.clone().unwrap_or(file.log.format.clone());
+    runtime::init_tracing(&file.log.level, &format);
+    match cli.command {
+        Command::Node(args) => node_cmd::run(args, &file),
+        Command::Demo(args) => demo::run(args),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,97 @@
+//! `switchyard node`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use switchyard_node::NodeConfig;
+
+use crate::config::FileConfig;
+use crate::runtime;
+
+/// Flags of `switchyard node`; each overrides the `[node]` key of the same name.
+#[derive(Args, Debug, Default)]
+pub struct NodeArgs {
+    /// Address to serve HTTP on.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Document root.
+    #[arg(long)]
+    pub root: Option<PathBuf>,
+    /// Object cache budget in bytes (0 disables the cache).
+    #[arg(long)]
+    pub cache_bytes: Option<u64>,
+    /// Replacement policy: lru, lfu or gdsf.
+    #[arg(long)]
+    pub cache_policy: Option<String>,
+    /// Admin listener address (/metrics, /healthz).
+    #[arg(long)]
+    pub admin: Option<SocketAddr>,
+    /// Worker threads (0: one per core).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Emulated disk latency per cache miss, in microseconds.
+    #[arg(long)]
+    pub disk_latency_us: Option<u64>,
+    /// Emulated disk bandwidth in bytes per second.
+    #[arg(long)]
+    pub disk_bandwidth: Option<u64>,
+    /// Seconds to wait for open connections on shutdown.
+    #[arg(long, default_value_t = 10)]
+    pub drain_secs: u64,
+}
+
+impl NodeArgs {
+    /// Apply the flags over a configuration from the file (or defaults).
+    pub fn merge(&self, mut cfg: NodeConfig) -> NodeConfig {
+        if let Some(v) = self.listen {
+            cfg.listen = v;
+        }
+        if let Some(v) = &self.root {
+            cfg.root = v.clone();
+        }
+        if let Some(v) = self.cache_bytes {
+            cfg.cache_bytes = v;
+        }
+        if let Some(v) = &self.cache_policy {
+            cfg.cache_policy = v.clone();
+        }
+        if let Some(v) = self.admin {
+            cfg.admin = Some(v);
+        }
+        if let Some(v) = self.workers {
+            cfg.workers = v;
+        }
+        if let Some(v) = self.disk_latency_us {
+            cfg.disk.latency_us = v;
+        }
+        if let Some(v) = self.disk_bandwidth {
+            cfg.disk.bandwidth_bytes_per_sec = v;
+        }
+        cfg
+    }
+}
+
+/// Run a node until SIGINT/SIGTERM.
+pub fn run(args: NodeArgs, file: &FileConfig) -> anyhow::Result<()> {
+    let cfg = args.merge(file.node.clone().unwrap_or_default());
+    if cfg.root.as_os_str().is_empty() {
+        anyhow::bail!("no document root: pass --root DIR or set [node] root in the config file");
+    }
+    let rt = runtime::build(cfg.workers)?;
+    rt.block_on(async {
+        let node = switchyard_node::start(cfg)
+            .await
+            .context("node failed to start")?;
+        eprintln!("switchyard node: serving http://{}/", node.addr());
+        if let Some(a) = node.admin_addr() {
+            eprintln!("switchyard node: metrics at http://{a}/metrics");
+        }
+        let why = runtime::stop_signal(None).await;
+        tracing::info!(reason = why, "draining");
+        node.shutdown(Duration::from_secs(args.drain_secs)).await;
+        Ok(())
+    })
+}

@@ -1,0 +1,95 @@
+//! `[node]` configuration: the same keys as the command-line flags.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// Configuration of one node. Every field has a default except `root`.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodeConfig {
+    /// Address the web server listens on.
+    pub listen: SocketAddr,
+    /// Document root; nothing outside it is ever served.
+    pub root: PathBuf,
+    /// Address of the admin listener (`/metrics`, `/healthz`); none if unset.
+    pub admin: Option<SocketAddr>,
+    /// Worker threads; 0 means one per core.
+    pub workers: usize,
+    /// Most client connections open at once; further ones wait in the
+    /// kernel's accept queue.
+    pub max_connections: usize,
+    /// Budget of the in-memory object cache, in bytes (0 disables it).
+    pub cache_bytes: u64,
+    /// Replacement policy: `lru`, `lfu` (with periodic aging) or `gdsf`.
+    pub cache_policy: String,
+    /// Files larger than this bypass the cache and are sent with sendfile.
+    pub cache_max_object_bytes: u64,
+    /// How often a cached file is checked against the disk again.
+    pub cache_revalidate_ms: u64,
+    /// LFU aging period.
+    pub lfu_aging_interval_ms: u64,
+    /// LFU aging factor: every period each count is multiplied by it.
+    pub lfu_aging_factor: f64,
+    /// Time allowed to receive a whole request head (and body).
+    pub header_timeout_ms: u64,
+    /// Time an idle keep-alive connection is kept open.
+    pub idle_timeout_ms: u64,
+    /// Time allowed for a client to take a response's next bytes.
+    pub send_timeout_ms: u64,
+    /// Longest request line; longer ones are answered 414.
+    pub max_request_line: usize,
+    /// Largest request head; larger ones are answered 431.
+    pub max_head_bytes: usize,
+    /// Largest request body; larger ones are answered 413.
+    pub max_body_bytes: u64,
+    /// File served for a directory.
+    pub index: String,
+    /// Emulated disk for experiments.
+    pub disk: DiskConfig,
+}
+
+/// Emulated disk: every read that misses the object cache waits as if a
+/// single disk served it (FIFO): `latency_us` plus size / bandwidth.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DiskConfig {
+    /// Per-read positioning latency in microseconds (0: none).
+    pub latency_us: u64,
+    /// Transfer rate in bytes per second (0: unlimited).
+    pub bandwidth_bytes_per_sec: u64,
+}
+
+impl DiskConfig {
+    /// Whether any emulation is configured.
+    pub fn enabled(&self) -> bool {
+        self.latency_us > 0 || self.bandwidth_bytes_per_sec > 0
+    }
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            root: PathBuf::new(),
+            admin: None,
+            workers: 0,
+            max_connections: 65_536,
+            cache_bytes: 256 * 1024 * 1024,
+            cache_policy: "lru".to_owned(),
+            cache_max_object_bytes: 1024 * 1024,
+            cache_revalidate_ms: 1000,
+            lfu_aging_interval_ms: 10_000,
+            lfu_aging_factor: 0.5,
+            header_timeout_ms: 10_000,
+            idle_timeout_ms: 60_000,
+            send_timeout_ms: 60_000,
+            max_request_line: 8 * 1024,
+            max_head_bytes: 16 * 1024,
+            max_body_bytes: 1024 * 1024,
+            index: "index.html".to_owned(),
+            disk: DiskConfig::default(),
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! Where response bodies come from: the object cache, or the disk.
+//!
+//! A request's clean path is looked up in the in-memory object cache
+//! (bounded in bytes, replacement policy from config). A cached object is
+//! trusted for `cache_revalidate_ms`; after that the file is looked up
+//! again and the object is dropped if its inode, size or mtime changed.
+//! On a miss the file is opened beneath the root; files up to
+//! `cache_max_object_bytes` are read whole and cached, larger ones are
+//! returned open so the connection can send them with sendfile. Either way
+//! a miss first waits on the emulated disk, when one is configured.
+//!
+//! Reads of small files happen on the worker thread: for files in the page
+//! cache an `openat2` + `fstat` + `pread` costs a few microseconds, while a
+//! hop to a blocking thread pool costs more than the read itself.
+
+use std::fs::File;
+use std::io;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use switchyard_cache::{Cache, CacheStats, PolicyKind};
+use switchyard_http::path::CleanPath;
+
+use crate::config::NodeConfig;
+use crate::disk::DiskModel;
+use crate::fs::{read_all, FileInfo, Lookup, Root};
+use crate::NodeError;
+
+/// A file held in memory.
+#[derive(Debug)]
+pub struct CachedObject {
+    pub body: Bytes,
+    pub info: FileInfo,
+    /// When the object was last checked against the disk (ns since the store's origin).
+    validated_at: AtomicU64,
+}
+
+/// Where a request's body comes from.
+#[derive(Debug)]
+pub enum Resolved {
+    /// In memory; `hit` says whether it was already cached.
+    Memory {
+        object: Arc<CachedObject>,
+        hit: bool,
+    },
+    /// Too large for the cache (or no cache): an open file for sendfile.
+    File(File, FileInfo),
+    /// A directory asked for without its trailing slash.
+    Redirect(String),
+    NotFound,
+    Forbidden,
+    Failed(io::Error),
+}
+
+/// The node's view of its document root and object cache.
+#[derive(Debug)]
+pub struct Store {
+    root: Root,
+    cache: Option<Mutex<Cache<String, Arc<CachedObject>>>>,
+    max_object: u64,
+    revalidate: Duration,
+    disk: Option<Mutex<DiskModel>>,
+    origin: Instant,
+    index: String,
+}
+
+impl Store {
+    /// Open the root and build the cache described by `cfg`.
+    pub fn new(cfg: &NodeConfig) -> Result<Store, NodeError> {
+        let root = Root::open(&cfg.root).map_err(|source| NodeError::Root {
+            path: cfg.root.clone(),
+            source,
+        })?;
+        let kind = match PolicyKind::from_str(&cfg.cache_policy) {
+            Ok(PolicyKind::Lfu { .. }) => PolicyKind::Lfu {
+                aging_interval_ms: cfg.lfu_aging_interval_ms,
+                aging_factor: cfg.lfu_aging_factor,
+            },
+            Ok(k) => k,
+            Err(e) => return Err(NodeError::Config(format!("cache_policy: {e}"))),
+        };
+        kind.validate()
+            .map_err(|e| NodeError::Config(format!("cache policy: {e}")))?;
+        let cache = (cfg.cache_bytes > 0).then(|| {
+            let mut c = Cache::with_kind(cfg.cache_bytes, kind);
+            c.set_max_object_bytes(Some(cfg.cache_max_object_bytes));
+            Mutex::new(c)
+        });
+        Ok(Store {
+            root,
+            cache,
+            max_object: cfg.cache_max_object_bytes,
+            revalidate: Duration::from_millis(cfg.cache_revalidate_ms),
+            disk: cfg
+                .disk
+                .enabled()
+                .then(|| Mutex::new(DiskModel::new(&cfg.disk))),
+            origin: Instant::now(),
+            index: cfg.index.clone(),
+        })
+    }
+
+    fn now(&self) -> Duration {
+        self.origin.elapsed()
+    }
+
+    /// Counters of the object cache (all zero when it is disabled).
+    pub fn cache_stats(&self) -> CacheStats {
+        match &self.cache {
+            Some(c) => c.lock().stats(),
+            None => CacheStats::default(),
+        }
+    }
+
+    /// Emulated disk reads queued or in service.
+    pub fn disk_queue(&self) -> u64 {
+        self.disk.as_ref().map_or(0, |d| d.lock().queued())
+    }
+
+    /// Find the body for a clean request path.
+    pub async fn resolve(&self, path: &CleanPath) -> Resolved {
+        let dir_request = path.trailing_slash || path.path == "/";
+        let key = if dir_request {
+            let mut k = path.path.clone();
+            if !k.ends_with('/') {
+                k.push('/');
+            }
+            k.push_str(&self.index);
+            k
+        } else {
+            path.path.clone()
+        };
+        let now = self.now();
+        if let Some(cache) = &self.cache {
+            let cached = cache.lock().get(key.as_str(), now).cloned();
+            if let Some(obj) = cached {
+                let checked = Duration::from_nanos(obj.validated_at.load(Relaxed));
+                if now.saturating_sub(checked) < self.revalidate {
+                    return Resolved::Memory {
+                        object: obj,
+                        hit: true,
+                    };
+                }
+                // Stale: look again; keep it if the file is unchanged.
+                match self.root.lookup(&key[1..]) {
+                    Lookup::File(_, info) if same_file(&info, &obj.info) => {
+                        obj.validated_at.store(now.as_nanos() as u64, Relaxed);
+                        return Resolved::Memory {
+                            object: obj,
+                            hit: true,
+                        };
+                    }
+                    _ => {
+                        cache.lock().remove(key.as_str());
+                    }
+                }
+            }
+        }
+        let (file, info) = match self.root.lookup(&key[1..]) {
+            Lookup::File(f, info) => (f, info),
+            Lookup::Directory if !dir_request => {
+                return Resolved::Redirect(format!("{}/", path.path));
+            }
+            Lookup::Directory | Lookup::NotFound => return Resolved::NotFound,
+            Lookup::Forbidden => return Resolved::Forbidden,
+        };
+        self.disk_read(info.len).await;
+        match &self.cache {
+            Some(cache) if info.len <= self.max_object => {
+                let body = match read_all(&file, info.len) {
+                    Ok(b) => Bytes::from(b),
+                    Err(e) => return Resolved::Failed(e),
+                };
+                let object = Arc::new(CachedObject {
+                    body,
+                    info,
+                    validated_at: AtomicU64::new(self.now().as_nanos() as u64),
+                });
+                let size = object.info.len;
+                let outcome = cache.lock().insert(key, object.clone(), size, self.now());
+                // Evicted objects are dropped here, outside the lock.
+                drop(outcome);
+                Resolved::Memory { object, hit: false }
+            }
+            _ => Resolved::File(file, info),
+        }
+    }
+
+    /// Wait as long as the emulated disk says a read of `bytes` takes.
+    async fn disk_read(&self, bytes: u64) {
+        let Some(disk) = &self.disk else { return };
+        let done = disk.lock().submit(self.now(), bytes);
+        // Completes the read even if the connection goes away mid-wait.
+        let _guard = DiskGuard(disk);
+        tokio::time::sleep_until((self.origin + done).into()).await;
+    }
+}
+
+struct DiskGuard<'a>(&'a Mutex<DiskModel>);
+
+impl Drop for DiskGuard<'_> {
+    fn drop(&mut self) {
+        self.0.lock().complete();
+    }
+}
+
+fn same_file(a: &FileInfo, b: &FileInfo) -> bool {
+    a.inode == b.inode && a.len == b.len && a.mtime == b.mtime
+}
