@@ -1,0 +1,209 @@
+//! The node over real sockets: timeouts, the object cache, sendfile,
+//! the emulated disk, metrics and graceful shutdown.
+
+mod common;
+
+use common::*;
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+#[test]
+fn header_timeout_answers_408_and_closes() {
+    let n = TestNode::start(|r| write(r, "a.txt", b"a"), |c| c.header_timeout_ms = 300);
+    let mut c = n.client();
+    c.send(b"GET /a.txt HTTP/1.1\r\nHost: t\r\n");
+    let t = Instant::now();
+    let r = c.response(false);
+    assert_eq!(r.status, 408);
+    assert!(t.elapsed() >= Duration::from_millis(250));
+    assert!(c.is_closed());
+    // A slow client that drips bytes is cut off by the same deadline.
+    let mut c = n.client();
+    let t = Instant::now();
+    let mut got_408 = false;
+    for b in b"GET /a.txt HTTP/1.1\r\nHost: t\r\nX-Slow: ".iter().chain(std::iter::repeat(&b'z')) {
+        if std::io::Write::write_all(&mut c.stream, &[*b]).is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        if t.elapsed() > Duration::from_millis(600) {
+            got_408 = c.response(false).status == 408;
+            break;
+        }
+    }
+    assert!(got_408, "slowloris client was not cut off");
+    assert!(n.metric("switchyard_node_timeouts_total") >= 2.0);
+}
+
+#[test]
+fn idle_keep_alive_connections_are_closed() {
+    let n = TestNode::start(|r| write(r, "a.txt", b"a"), |c| c.idle_timeout_ms = 300);
+    let mut c = n.client();
+    assert_eq!(c.get("/a.txt").status, 200);
+    let t = Instant::now();
+    assert!(c.is_closed());
+    let waited = t.elapsed();
+    assert!(waited >= Duration::from_millis(250), "closed after {waited:?}");
+    // A connection that never sends anything is closed too (header timeout).
+    let n = TestNode::start(|r| write(r, "a.txt", b"a"), |c| c.header_timeout_ms = 300);
+    let mut c = n.client();
+    assert!(c.is_closed());
+}
+
+#[test]
+fn cache_hits_misses_and_revalidation() {
+    let n = TestNode::start(
+        |r| {
+            write(r, "a.txt", b"version one");
+            write(r, "b.txt", b"bbbb");
+        },
+        |c| c.cache_revalidate_ms = 100,
+    );
+    let mut c = n.client();
+    assert_eq!(c.get("/a.txt").body, b"version one");
+    assert_eq!(n.metric("switchyard_node_cache_misses_total"), 1.0);
+    for _ in 0..4 {
+        assert_eq!(c.get("/a.txt").body, b"version one");
+    }
+    assert_eq!(n.metric("switchyard_node_cache_hits_total"), 4.0);
+    assert_eq!(n.metric("switchyard_node_cache_objects"), 1.0);
+    assert_eq!(n.metric("switchyard_node_cache_bytes"), 11.0);
+    // A changed file is noticed once the revalidation interval passed.
+    std::thread::sleep(Duration::from_millis(20));
+    write(n.root.path(), "a.txt", b"version two, longer");
+    std::thread::sleep(Duration::from_millis(150));
+    assert_eq!(c.get("/a.txt").body, b"version two, longer");
+    // A deleted file stops being served.
+    std::fs::remove_file(n.root.path().join("b.txt")).unwrap();
+    assert_eq!(c.get("/b.txt").status, 404);
+}
+
+#[test]
+fn cache_stays_within_budget_and_evicts() {
+    let n = TestNode::start(
+        |r| {
+            for i in 0..20 {
+                write(r, &format!("f{i}.bin"), &pattern(10_000, i as u8));
+            }
+        },
+        |c| {
+            c.cache_bytes = 50_000;
+            c.cache_policy = "gdsf".into();
+        },
+    );
+    let mut c = n.client();
+    for round in 0..2 {
+        for i in 0..20 {
+            let r = c.get(&format!("/f{i}.bin"));
+            assert_eq!(r.body, pattern(10_000, i as u8), "round {round} file {i}");
+        }
+    }
+    assert!(n.metric("switchyard_node_cache_bytes") <= 50_000.0);
+    assert!(n.metric("switchyard_node_cache_evictions_total") >= 15.0);
+    assert_eq!(n.metric("switchyard_node_cache_capacity_bytes"), 50_000.0);
+}
+
+#[test]
+fn large_files_bypass_the_cache_and_use_sendfile() {
+    let big = pattern(3 * 1024 * 1024 + 17, 9);
+    let b2 = big.clone();
+    let n = TestNode::start(move |r| write(r, "big.bin", &b2), |c| c.cache_max_object_bytes = 64 * 1024);
+    let mut c = n.client();
+    let r = c.get("/big.bin");
+    assert_eq!(r.body.len(), big.len());
+    assert!(r.body == big);
+    let r = c.raw(b"GET /big.bin HTTP/1.1\r\nHost: t\r\nRange: bytes=1000000-1000099\r\n\r\n");
+    assert_eq!(r.status, 206);
+    assert_eq!(r.body, &big[1_000_000..1_000_100]);
+    // Pipelined after a sendfile response, the next answer is intact.
+    c.send(b"GET /big.bin HTTP/1.1\r\nHost: t\r\n\r\nHEAD /big.bin HTTP/1.1\r\nHost: t\r\n\r\n");
+    assert!(c.response(false).body == big);
+    assert_eq!(c.response(true).status, 200);
+    assert_eq!(n.metric("switchyard_node_cache_objects"), 0.0);
+    assert!(n.metric("switchyard_node_sendfile_bytes_total") >= 2.0 * big.len() as f64);
+}
+
+#[test]
+fn emulated_disk_delays_misses_only() {
+    let n = TestNode::start(
+        |r| write(r, "a.bin", &pattern(100_000, 1)),
+        |c| {
+            c.disk.latency_us = 80_000;
+            c.disk.bandwidth_bytes_per_sec = 1_000_000; // +100 ms for 100 kB
+        },
+    );
+    let mut c = n.client();
+    let t = Instant::now();
+    assert_eq!(c.get("/a.bin").status, 200);
+    let miss = t.elapsed();
+    assert!(miss >= Duration::from_millis(175), "miss took {miss:?}");
+    // Two misses in parallel queue behind each other on the one disk.
+    let n2 = TestNode::start(
+        |r| {
+            write(r, "x.bin", b"x");
+            write(r, "y.bin", b"y");
+        },
+        |c| c.disk.latency_us = 150_000,
+    );
+    let t = Instant::now();
+    let addr = n2.addr;
+    let h = std::thread::spawn(move || Client::connect(addr).get("/x.bin").status);
+    assert_eq!(n2.client().get("/y.bin").status, 200);
+    assert_eq!(h.join().unwrap(), 200);
+    assert!(t.elapsed() >= Duration::from_millis(290), "{:?}", t.elapsed());
+    assert_eq!(n2.metric("switchyard_node_disk_queue"), 0.0);
+}
+
+#[test]
+fn metrics_count_requests_by_status_and_bytes() {
+    let n = TestNode::start(|r| write(r, "a.txt", b"12345"), |_| {});
+    let mut c = n.client();
+    for _ in 0..3 {
+        c.get("/a.txt");
+    }
+    c.get("/nope");
+    let text = n.metrics();
+    assert!(text.contains("switchyard_node_requests_total{status=\"200\"} 3"), "{text}");
+    assert!(text.contains("switchyard_node_requests_total{status=\"404\"} 1"), "{text}");
+    assert!(text.contains("switchyard_node_response_seconds_count 4"), "{text}");
+    assert!(n.metric("switchyard_node_bytes_out_total") > 15.0);
+    assert_eq!(n.metric("switchyard_node_connections_active"), 1.0);
+    assert_eq!(n.metric("switchyard_node_connections_total"), 1.0);
+    let mut h = Client::connect(n.admin());
+    assert_eq!(h.get("/healthz").status, 200);
+}
+
+#[test]
+fn shutdown_closes_idle_connections_and_stops_accepting() {
+    let mut n = TestNode::start(|r| write(r, "a.txt", b"a"), |_| {});
+    let mut idle = n.client();
+    assert_eq!(idle.get("/a.txt").status, 200);
+    let node = n.node.take().unwrap();
+    let t = Instant::now();
+    n.rt.block_on(node.shutdown(Duration::from_secs(5)));
+    assert!(t.elapsed() < Duration::from_secs(4), "idle connection held shutdown");
+    let mut b = [0u8; 1];
+    assert!(matches!(idle.stream.read(&mut b), Ok(0) | Err(_)));
+    assert!(std::net::TcpStream::connect(n.addr).is_err(), "still accepting");
+}
+
+#[test]
+fn bad_config_is_a_clear_error() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let cfg = switchyard_node::NodeConfig {
+        root: "/definitely/not/here".into(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        ..Default::default()
+    };
+    let e = rt.block_on(switchyard_node::start(cfg)).err().unwrap();
+    assert!(e.to_string().contains("/definitely/not/here"), "{e}");
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = switchyard_node::NodeConfig {
+        root: dir.path().into(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        cache_policy: "fifo".into(),
+        ..Default::default()
+    };
+    let e = rt.block_on(switchyard_node::start(cfg)).err().unwrap();
+    assert!(e.to_string().contains("cache_policy"), "{e}");
+}
