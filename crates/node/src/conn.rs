@@ -2,17 +2,26 @@
 //!
 //! The loop parses every complete request already buffered before it
 //! writes, so pipelined requests are answered in order with as few
-//! writes as possible; it flushes before it would block on a read. An idle
-//! keep-alive connection holds no buffers: it waits for readability first
-//! and allocates only when bytes arrive, which keeps ten thousand idle
-//! connections within a few kilobytes each.
+//! writes as possible; it flushes before it would block on a read.
+//!
+//! Memory per idle connection is kept small on purpose (the node must hold
+//! tens of thousands of idle keep-alive connections): an idle connection
+//! holds no buffers, since it waits for readability first and allocates
+//! only when bytes arrive, and the work of answering a request lives in a
+//! separately boxed future, so the task that sleeps between requests is
+//! only the small state of waiting for the next head.
 
-use std::io::{self, IoSlice};
+use std::cell::RefCell;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use nix::sys::socket::{send, MsgFlags};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::timeout_at;
@@ -25,20 +34,50 @@ use switchyard_http::request::{self, BodyFraming, Method, ParseOutcome, RequestH
 use switchyard_http::response::{DateCache, ResponseHead};
 
 use crate::fs::FileInfo;
-use crate::store::Resolved;
+use crate::store::{CachedObject, Content, Resolved};
 use crate::Ctx;
 
-/// Bodies up to this size are copied behind their head in one write.
-const COPY_BODY_MAX: usize = 16 * 1024;
 /// Buffered responses are flushed once this much is pending.
 const FLUSH_AT: usize = 64 * 1024;
+
+thread_local! {
+    /// The `Date` value, formatted once per second per worker thread.
+    static DATE: RefCell<DateCache> = RefCell::new(DateCache::default());
+}
+
+/// Run `f` with the current `Date` header value.
+fn with_date<R>(f: impl FnOnce(&str) -> R) -> R {
+    DATE.with(|d| f(d.borrow_mut().get(SystemTime::now())))
+}
+
+/// Where sendfile reads a body from.
+enum SendSource {
+    /// A file too large for the cache, opened for this response.
+    Disk(File),
+    /// A cached object kept in a sealed memfd.
+    Cached(Arc<CachedObject>),
+}
+
+impl SendSource {
+    fn file(&self) -> Option<&File> {
+        match self {
+            SendSource::Disk(f) => Some(f),
+            SendSource::Cached(o) => match &o.content {
+                Content::Sealed(f) => Some(f),
+                Content::Inline(_) => None,
+            },
+        }
+    }
+}
 
 /// A response body.
 enum Body {
     Empty,
+    /// Small: copied behind the head.
     Bytes(Bytes),
+    /// Sent with sendfile(2).
     File {
-        file: std::fs::File,
+        src: SendSource,
         offset: u64,
         len: u64,
     },
@@ -51,13 +90,12 @@ struct Conn<'a> {
     out: Vec<u8>,
     /// Start times of responses buffered in `out`, observed at flush.
     pending: Vec<Instant>,
-    date: DateCache,
     shutdown: watch::Receiver<bool>,
 }
 
-/// Why the connection loop ended early.
+/// Why the connection loop ended.
 enum End {
-    /// Peer closed, idle timeout, or shutdown while idle: just close.
+    /// Peer closed, idle timeout, shutdown while idle, or our close done.
     Quiet,
     /// Send this status and close.
     Error(u16),
@@ -80,20 +118,10 @@ pub(crate) async fn serve(ctx: Arc<Ctx>, stream: TcpStream, shutdown: watch::Rec
         buf: BytesMut::new(),
         out: Vec::new(),
         pending: Vec::new(),
-        date: DateCache::default(),
         shutdown,
     };
-    let end = conn.run().await;
-    match end {
-        End::Quiet => {}
-        End::Broken => return,
-        End::Error(status) => {
-            conn.error_response(status, false, Method::Get, false);
-            if conn.flush().await.is_err() {
-                return;
-            }
-            conn.linger().await;
-        }
+    if let End::Error(status) = conn.run().await {
+        Box::pin(conn.fail(status)).await;
     }
 }
 
@@ -106,58 +134,60 @@ impl Conn<'_> {
                 Err(e) => return e,
             };
             first = false;
-            let started = Instant::now();
-            self.buf.advance(head.head_len);
+            if let Some(end) = Box::pin(self.handle(head)).await {
+                return end;
+            }
+        }
+    }
 
-            let static_method = matches!(head.method, Method::Get | Method::Head);
-            if !static_method {
-                // Bodies of refused methods are not read: answer and close.
-                let status = if head.method == Method::Other {
-                    501
-                } else {
-                    405
-                };
-                let keep = head.keep_alive && head.framing == BodyFraming::None && !self.stopping();
-                self.error_response(status, keep, head.method, head.version == Version::Http10);
-                self.pending.push(started);
-                if !keep {
-                    return self.close_after_flush().await;
-                }
-                continue;
-            }
-            if head.framing != BodyFraming::None {
-                if let Err(e) = self.discard_body(&head).await {
-                    return e;
-                }
-            }
-            let keep = head.keep_alive && !self.stopping();
-            let body = self.respond(&head, keep).await;
-            match body {
-                Body::Empty => {}
-                Body::Bytes(b) if b.len() <= COPY_BODY_MAX => self.out.extend_from_slice(&b),
-                Body::Bytes(b) => {
-                    if let Err(e) = self.write_with_body(&b).await {
-                        return e.into();
-                    }
-                }
-                Body::File { file, offset, len } => {
-                    if let Err(e) = self.flush().await {
-                        return e.into();
-                    }
-                    if let Err(e) = self.sendfile(&file, offset, len).await {
-                        return e.into();
-                    }
-                }
-            }
+    /// Answer one request; `Some` ends the connection.
+    async fn handle(&mut self, head: RequestHead) -> Option<End> {
+        let started = Instant::now();
+        self.buf.advance(head.head_len);
+        let http10 = head.version == Version::Http10;
+        if !matches!(head.method, Method::Get | Method::Head) {
+            // Bodies of refused methods are not read: answer and close.
+            let status = if head.method == Method::Other { 501 } else { 405 };
+            let keep =
+                head.keep_alive && head.framing == BodyFraming::None && !self.stopping();
+            self.error_response(status, keep, head.method, http10);
             self.pending.push(started);
-            if !keep {
-                return self.close_after_flush().await;
+            return if keep { None } else { Some(self.close().await) };
+        }
+        if head.framing != BodyFraming::None {
+            if let Err(e) = self.discard_body(&head).await {
+                return Some(e);
             }
-            if self.out.len() >= FLUSH_AT {
-                if let Err(e) = self.flush().await {
-                    return e.into();
+        }
+        let keep = head.keep_alive && !self.stopping();
+        match self.respond(&head, keep).await {
+            Body::Empty => {}
+            Body::Bytes(b) => self.out.extend_from_slice(&b),
+            Body::File { src, offset, len } => {
+                let Some(file) = src.file() else {
+                    return Some(End::Broken);
+                };
+                if self.write_out(true).await.is_err() || self.sendfile(file, offset, len).await.is_err() {
+                    return Some(End::Broken);
                 }
             }
+        }
+        self.pending.push(started);
+        if !keep {
+            return Some(self.close().await);
+        }
+        if self.out.len() >= FLUSH_AT && self.flush().await.is_err() {
+            return Some(End::Broken);
+        }
+        None
+    }
+
+    /// Send an error status, then close; the client may still be sending
+    /// (that is often why it failed), so always linger.
+    async fn fail(&mut self, status: u16) {
+        self.error_response(status, false, Method::Get, false);
+        if self.flush().await.is_ok() {
+            self.linger().await;
         }
     }
 
@@ -165,11 +195,17 @@ impl Conn<'_> {
         *self.shutdown.borrow()
     }
 
-    async fn close_after_flush(&mut self) -> End {
+    /// Flush what is pending, then close. When the client has sent
+    /// nothing beyond what was answered, closing at once is safe;
+    /// otherwise linger so that unread bytes cannot turn our close into a
+    /// reset that destroys the response.
+    async fn close(&mut self) -> End {
         if self.flush().await.is_err() {
             return End::Broken;
         }
-        self.linger().await;
+        if !self.buf.is_empty() {
+            self.linger().await;
+        }
         End::Quiet
     }
 
@@ -238,10 +274,7 @@ impl Conn<'_> {
     }
 
     fn count_timeout(&self) {
-        self.ctx
-            .metrics
-            .timeouts
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.ctx.metrics.timeouts.fetch_add(1, Relaxed);
     }
 
     /// Read whatever is available into `buf`, waiting until `until`.
@@ -314,21 +347,27 @@ impl Conn<'_> {
         };
         match self.ctx.store.resolve(&clean).await {
             Resolved::Memory { object, .. } => {
-                let body = object.body.clone();
-                self.entity(head, keep, &object.info, Source::Memory(body))
+                let src = match &object.content {
+                    Content::Inline(b) => Source::Memory(b.clone()),
+                    Content::Sealed(_) => Source::File(SendSource::Cached(object.clone())),
+                };
+                self.entity(head, keep, &object.info, src)
             }
-            Resolved::File(file, info) => self.entity(head, keep, &info, Source::File(file)),
+            Resolved::File(file, info) => {
+                self.entity(head, keep, &info, Source::File(SendSource::Disk(file)))
+            }
             Resolved::Redirect(location) => {
                 let query = head.target.find('?').map_or("", |i| &head.target[i..]);
                 let location = format!("{location}{query}");
-                let date = self.date.get(SystemTime::now()).to_owned();
-                ResponseHead::new(&mut self.out, 301)
-                    .header("Date", &date)
-                    .header("Server", "switchyard")
-                    .header("Location", &location)
-                    .content_length(0)
-                    .connection(keep, head.version == Version::Http10)
-                    .finish();
+                with_date(|date| {
+                    ResponseHead::new(&mut self.out, 301)
+                        .header("Date", date)
+                        .header("Server", "switchyard")
+                        .header("Location", &location)
+                        .content_length(0)
+                        .connection(keep, head.version == Version::Http10)
+                        .finish()
+                });
                 self.ctx.metrics.count_status(301);
                 Body::Empty
             }
@@ -356,15 +395,16 @@ impl Conn<'_> {
             (None, Some(ims)) => not_modified_since(ims, info.mtime),
             (None, None) => false,
         };
-        let date = self.date.get(SystemTime::now()).to_owned();
         if not_modified {
-            ResponseHead::new(&mut self.out, 304)
-                .header("Date", &date)
-                .header("Server", "switchyard")
-                .header("ETag", &info.etag)
-                .header("Last-Modified", &info.last_modified)
-                .connection(keep, http10)
-                .finish();
+            with_date(|date| {
+                ResponseHead::new(&mut self.out, 304)
+                    .header("Date", date)
+                    .header("Server", "switchyard")
+                    .header("ETag", &info.etag)
+                    .header("Last-Modified", &info.last_modified)
+                    .connection(keep, http10)
+                    .finish()
+            });
             self.ctx.metrics.count_status(304);
             return Body::Empty;
         }
@@ -383,34 +423,34 @@ impl Conn<'_> {
             RangeDecision::Partial { start, end } => (206, start, end - start + 1),
             RangeDecision::Unsatisfiable => (416, 0, 0),
         };
-        let mut h = ResponseHead::new(&mut self.out, status)
-            .header("Date", &date)
-            .header("Server", "switchyard")
-            .header("Content-Type", info.content_type)
-            .header("ETag", &info.etag)
-            .header("Last-Modified", &info.last_modified)
-            .header("Accept-Ranges", "bytes");
-        match decision {
-            RangeDecision::Full => {}
+        let content_range = match decision {
+            RangeDecision::Full => None,
             RangeDecision::Partial { start, end } => {
-                h = h.header(
-                    "Content-Range",
-                    &format!("bytes {start}-{end}/{}", info.len),
-                );
+                Some(format!("bytes {start}-{end}/{}", info.len))
             }
-            RangeDecision::Unsatisfiable => {
-                h = h.header("Content-Range", &format!("bytes */{}", info.len));
+            RangeDecision::Unsatisfiable => Some(format!("bytes */{}", info.len)),
+        };
+        with_date(|date| {
+            let mut h = ResponseHead::new(&mut self.out, status)
+                .header("Date", date)
+                .header("Server", "switchyard")
+                .header("Content-Type", info.content_type)
+                .header("ETag", &info.etag)
+                .header("Last-Modified", &info.last_modified)
+                .header("Accept-Ranges", "bytes");
+            if let Some(cr) = &content_range {
+                h = h.header("Content-Range", cr);
             }
-        }
-        h.content_length(len).connection(keep, http10).finish();
+            h.content_length(len).connection(keep, http10).finish()
+        });
         self.ctx.metrics.count_status(status);
         if head.method == Method::Head || len == 0 {
             return Body::Empty;
         }
         match src {
             Source::Memory(b) => Body::Bytes(b.slice(start as usize..(start + len) as usize)),
-            Source::File(file) => Body::File {
-                file,
+            Source::File(src) => Body::File {
+                src,
                 offset: start,
                 len,
             },
@@ -421,90 +461,71 @@ impl Conn<'_> {
     fn error_response(&mut self, status: u16, keep: bool, method: Method, http10: bool) {
         let reason = switchyard_http::status::reason(status);
         let body = format!("{status} {reason}\n");
-        let date = self.date.get(SystemTime::now()).to_owned();
-        let mut h = ResponseHead::new(&mut self.out, status)
-            .header("Date", &date)
-            .header("Server", "switchyard")
-            .header("Content-Type", "text/plain; charset=utf-8")
-            .content_length(body.len() as u64)
-            .connection(keep, http10);
-        if status == 405 {
-            h = h.header("Allow", "GET, HEAD");
-        }
-        h.finish();
+        with_date(|date| {
+            let mut h = ResponseHead::new(&mut self.out, status)
+                .header("Date", date)
+                .header("Server", "switchyard")
+                .header("Content-Type", "text/plain; charset=utf-8")
+                .content_length(body.len() as u64)
+                .connection(keep, http10);
+            if status == 405 {
+                h = h.header("Allow", "GET, HEAD");
+            }
+            h.finish()
+        });
         if method != Method::Head {
             self.out.extend_from_slice(body.as_bytes());
         }
         self.ctx.metrics.count_status(status);
     }
 
-    /// Write everything in `out`.
+    /// Write everything in `out`, then account for the responses in it.
     async fn flush(&mut self) -> io::Result<()> {
-        if !self.out.is_empty() {
-            let until = tokio::time::Instant::now() + self.ctx.send_timeout;
-            match timeout_at(until, self.stream.write_all(&self.out)).await {
-                Ok(r) => r?,
-                Err(_) => {
-                    self.count_timeout();
-                    return Err(io::ErrorKind::TimedOut.into());
-                }
-            }
-            self.ctx
-                .metrics
-                .bytes_out
-                .fetch_add(self.out.len() as u64, std::sync::atomic::Ordering::Relaxed);
-            self.out.clear();
-        }
-        self.observe_pending();
-        Ok(())
+        self.write_out(false).await
     }
 
-    fn observe_pending(&mut self) {
+    /// Write everything in `out`. With `more`, the kernel is told that
+    /// more data follows (MSG_MORE), so a head and the sendfile body behind
+    /// it leave in full segments rather than a small one first.
+    async fn write_out(&mut self, more: bool) -> io::Result<()> {
+        let flags = if more {
+            // nix names no MSG_MORE; the bit is libc's.
+            MsgFlags::from_bits_retain(libc::MSG_MORE) | MsgFlags::MSG_NOSIGNAL
+        } else {
+            MsgFlags::MSG_NOSIGNAL
+        };
+        let until = tokio::time::Instant::now() + self.ctx.send_timeout;
+        let fd = self.stream.as_raw_fd();
+        let mut done = 0;
+        while done < self.out.len() {
+            let out = &self.out[done..];
+            match self
+                .stream
+                .try_io(Interest::WRITABLE, || send(fd, out, flags).map_err(io::Error::from))
+            {
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if timeout_at(until, self.stream.writable()).await.is_err() {
+                        self.count_timeout();
+                        return Err(io::ErrorKind::TimedOut.into());
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.ctx.metrics.bytes_out.fetch_add(done as u64, Relaxed);
+        self.out.clear();
         for t in self.pending.drain(..) {
             self.ctx
                 .metrics
                 .response_seconds
                 .observe(t.elapsed().as_secs_f64());
         }
-    }
-
-    /// Write `out` and then `body` with vectored writes.
-    async fn write_with_body(&mut self, body: &[u8]) -> io::Result<()> {
-        let total = self.out.len() + body.len();
-        let until = tokio::time::Instant::now() + self.ctx.send_timeout;
-        let mut done = 0usize;
-        while done < total {
-            let slices = if done < self.out.len() {
-                [IoSlice::new(&self.out[done..]), IoSlice::new(body)]
-            } else {
-                [
-                    IoSlice::new(&body[done - self.out.len()..]),
-                    IoSlice::new(&[]),
-                ]
-            };
-            let n = match timeout_at(until, self.stream.write_vectored(&slices)).await {
-                Ok(r) => r?,
-                Err(_) => {
-                    self.count_timeout();
-                    return Err(io::ErrorKind::TimedOut.into());
-                }
-            };
-            if n == 0 {
-                return Err(io::ErrorKind::WriteZero.into());
-            }
-            done += n;
-        }
-        self.ctx
-            .metrics
-            .bytes_out
-            .fetch_add(total as u64, std::sync::atomic::Ordering::Relaxed);
-        self.out.clear();
         Ok(())
     }
 
     /// Send `len` bytes of `file` from `offset` with sendfile(2).
-    async fn sendfile(&mut self, file: &std::fs::File, offset: u64, len: u64) -> io::Result<()> {
-        use std::os::fd::AsFd;
+    async fn sendfile(&self, file: &File, offset: u64, len: u64) -> io::Result<()> {
         let mut off = offset as i64;
         let mut left = len;
         let until = tokio::time::Instant::now() + self.ctx.send_timeout;
@@ -563,7 +584,50 @@ impl Conn<'_> {
     }
 }
 
+/// Where an entity's bytes are.
 enum Source {
     Memory(Bytes),
-    File(std::fs::File),
+    File(SendSource),
+}
+
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// An idle connection costs its task's future plus kernel socket
+    /// state; the future must stay small for 10,000 idle connections to
+    /// fit the memory budget.
+    #[test]
+    fn idle_connection_state_is_small() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let s = tokio::net::TcpStream::connect(l.local_addr().unwrap())
+                .await
+                .unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let cfg = crate::NodeConfig {
+                root: dir.path().into(),
+                ..Default::default()
+            };
+            let ctx = Arc::new(crate::Ctx {
+                limits: Default::default(),
+                store: Arc::new(crate::Store::new(&cfg).unwrap()),
+                metrics: Default::default(),
+                header_timeout: Duration::from_secs(1),
+                idle_timeout: Duration::from_secs(1),
+                send_timeout: Duration::from_secs(1),
+            });
+            let (_tx, rx) = tokio::sync::watch::channel(false);
+            let fut = super::serve(ctx, s, rx);
+            let size = std::mem::size_of_val(&fut);
+            eprintln!("connection future: {size} bytes");
+            assert!(size <= 1024, "connection future grew to {size} bytes");
+        });
+    }
 }

@@ -176,12 +176,21 @@ pub async fn start(cfg: NodeConfig) -> Result<RunningNode, NodeError> {
 
     let max = cfg.max_connections as u32;
     let slots = Arc::new(Semaphore::new(max as usize));
-    tasks.push(tokio::spawn(accept_loop(
-        listener,
-        ctx,
-        slots.clone(),
-        stop_rx,
-    )));
+    // One accept loop per worker thread, so that accepting keeps pace with
+    // short connections the way several event loops do.
+    let listener = Arc::new(listener);
+    let loops = match cfg.workers {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    for _ in 0..loops {
+        tasks.push(tokio::spawn(accept_loop(
+            listener.clone(),
+            ctx.clone(),
+            slots.clone(),
+            stop_rx.clone(),
+        )));
+    }
     tracing::info!(%addr, root = %cfg.root.display(), admin = ?admin_addr, "node serving");
     Ok(RunningNode {
         addr,
@@ -196,7 +205,7 @@ pub async fn start(cfg: NodeConfig) -> Result<RunningNode, NodeError> {
 }
 
 async fn accept_loop(
-    listener: TcpListener,
+    listener: Arc<TcpListener>,
     ctx: Arc<Ctx>,
     slots: Arc<Semaphore>,
     stop: watch::Receiver<bool>,

@@ -9,10 +9,17 @@
 //! returned open so the connection can send them with sendfile. Either way
 //! a miss first waits on the emulated disk, when one is configured.
 //!
+//! Cached objects up to [`INLINE_MAX`] bytes are kept as plain byte
+//! buffers and copied behind their response head in one write. Larger ones
+//! are kept in a sealed memfd: still memory (shmem pages, counted against
+//! the same byte budget), but sendfile(2) can hand its pages to the socket
+//! without a copy, which on loopback halves the cost of a 100 KiB response.
+//!
 //! Reads of small files happen on the worker thread: for files in the page
 //! cache an `openat2` + `fstat` + `pread` costs a few microseconds, while a
 //! hop to a blocking thread pool costs more than the read itself.
 
+use std::borrow::Cow;
 use std::fs::File;
 use std::io;
 use std::str::FromStr;
@@ -30,10 +37,22 @@ use crate::disk::DiskModel;
 use crate::fs::{read_all, FileInfo, Lookup, Root};
 use crate::NodeError;
 
+/// Cached bodies up to this size are kept inline and copied into writes.
+pub const INLINE_MAX: u64 = 16 * 1024;
+
+/// The bytes of a cached object.
+#[derive(Debug)]
+pub enum Content {
+    /// Small: copied behind the response head.
+    Inline(Bytes),
+    /// Larger: a sealed memfd, sent with sendfile.
+    Sealed(File),
+}
+
 /// A file held in memory.
 #[derive(Debug)]
 pub struct CachedObject {
-    pub body: Bytes,
+    pub content: Content,
     pub info: FileInfo,
     /// When the object was last checked against the disk (ns since the store's origin).
     validated_at: AtomicU64,
@@ -124,19 +143,15 @@ impl Store {
     /// Find the body for a clean request path.
     pub async fn resolve(&self, path: &CleanPath) -> Resolved {
         let dir_request = path.trailing_slash || path.path == "/";
-        let key = if dir_request {
-            let mut k = path.path.clone();
-            if !k.ends_with('/') {
-                k.push('/');
-            }
-            k.push_str(&self.index);
-            k
+        let key: Cow<'_, str> = if dir_request {
+            let base = path.path.trim_end_matches('/');
+            Cow::Owned(format!("{base}/{}", self.index))
         } else {
-            path.path.clone()
+            Cow::Borrowed(&path.path)
         };
         let now = self.now();
         if let Some(cache) = &self.cache {
-            let cached = cache.lock().get(key.as_str(), now).cloned();
+            let cached = cache.lock().get(&*key, now).cloned();
             if let Some(obj) = cached {
                 let checked = Duration::from_nanos(obj.validated_at.load(Relaxed));
                 if now.saturating_sub(checked) < self.revalidate {
@@ -155,7 +170,7 @@ impl Store {
                         };
                     }
                     _ => {
-                        cache.lock().remove(key.as_str());
+                        cache.lock().remove(&*key);
                     }
                 }
             }
@@ -171,17 +186,19 @@ impl Store {
         self.disk_read(info.len).await;
         match &self.cache {
             Some(cache) if info.len <= self.max_object => {
-                let body = match read_all(&file, info.len) {
-                    Ok(b) => Bytes::from(b),
+                let content = match load(&file, info.len) {
+                    Ok(c) => c,
                     Err(e) => return Resolved::Failed(e),
                 };
                 let object = Arc::new(CachedObject {
-                    body,
+                    content,
                     info,
                     validated_at: AtomicU64::new(self.now().as_nanos() as u64),
                 });
                 let size = object.info.len;
-                let outcome = cache.lock().insert(key, object.clone(), size, self.now());
+                let outcome = cache
+                    .lock()
+                    .insert(key.into_owned(), object.clone(), size, self.now());
                 // Evicted objects are dropped here, outside the lock.
                 drop(outcome);
                 Resolved::Memory { object, hit: false }
@@ -206,6 +223,27 @@ impl Drop for DiskGuard<'_> {
     fn drop(&mut self) {
         self.0.lock().complete();
     }
+}
+
+/// Read a file into memory: inline bytes or a sealed memfd.
+fn load(file: &File, len: u64) -> io::Result<Content> {
+    let bytes = read_all(file, len)?;
+    if len <= INLINE_MAX {
+        return Ok(Content::Inline(Bytes::from(bytes)));
+    }
+    use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+    use nix::sys::memfd::{memfd_create, MFdFlags};
+    use std::io::Write;
+    let fd = memfd_create(c"switchyard-object", MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)?;
+    let mut memfd = File::from(fd);
+    memfd.write_all(&bytes)?;
+    fcntl(
+        &memfd,
+        FcntlArg::F_ADD_SEALS(
+            SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_WRITE | SealFlag::F_SEAL_SEAL,
+        ),
+    )?;
+    Ok(Content::Sealed(memfd))
 }
 
 fn same_file(a: &FileInfo, b: &FileInfo) -> bool {
