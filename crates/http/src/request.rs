@@ -134,6 +134,9 @@ pub struct RequestHead {
 }
 
 /// Result of feeding a buffer to [`parse`].
+// Returned by value once per request and consumed at once; boxing the head
+// would only add an allocation to every request.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ParseOutcome {
     /// A whole head was parsed.

@@ -147,9 +147,12 @@ impl Conn<'_> {
         let http10 = head.version == Version::Http10;
         if !matches!(head.method, Method::Get | Method::Head) {
             // Bodies of refused methods are not read: answer and close.
-            let status = if head.method == Method::Other { 501 } else { 405 };
-            let keep =
-                head.keep_alive && head.framing == BodyFraming::None && !self.stopping();
+            let status = if head.method == Method::Other {
+                501
+            } else {
+                405
+            };
+            let keep = head.keep_alive && head.framing == BodyFraming::None && !self.stopping();
             self.error_response(status, keep, head.method, http10);
             self.pending.push(started);
             return if keep { None } else { Some(self.close().await) };
@@ -167,7 +170,9 @@ impl Conn<'_> {
                 let Some(file) = src.file() else {
                     return Some(End::Broken);
                 };
-                if self.write_out(true).await.is_err() || self.sendfile(file, offset, len).await.is_err() {
+                if self.write_out(true).await.is_err()
+                    || self.sendfile(file, offset, len).await.is_err()
+                {
                     return Some(End::Broken);
                 }
             }
@@ -499,10 +504,9 @@ impl Conn<'_> {
         let mut done = 0;
         while done < self.out.len() {
             let out = &self.out[done..];
-            match self
-                .stream
-                .try_io(Interest::WRITABLE, || send(fd, out, flags).map_err(io::Error::from))
-            {
+            match self.stream.try_io(Interest::WRITABLE, || {
+                send(fd, out, flags).map_err(io::Error::from)
+            }) {
                 Ok(n) => done += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if timeout_at(until, self.stream.writable()).await.is_err() {
@@ -589,7 +593,6 @@ enum Source {
     Memory(Bytes),
     File(SendSource),
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -196,9 +196,10 @@ impl Store {
                     validated_at: AtomicU64::new(self.now().as_nanos() as u64),
                 });
                 let size = object.info.len;
-                let outcome = cache
-                    .lock()
-                    .insert(key.into_owned(), object.clone(), size, self.now());
+                let outcome =
+                    cache
+                        .lock()
+                        .insert(key.into_owned(), object.clone(), size, self.now());
                 // Evicted objects are dropped here, outside the lock.
                 drop(outcome);
                 Resolved::Memory { object, hit: false }
@@ -234,13 +235,19 @@ fn load(file: &File, len: u64) -> io::Result<Content> {
     use nix::fcntl::{fcntl, FcntlArg, SealFlag};
     use nix::sys::memfd::{memfd_create, MFdFlags};
     use std::io::Write;
-    let fd = memfd_create(c"switchyard-object", MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)?;
+    let fd = memfd_create(
+        c"switchyard-object",
+        MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+    )?;
     let mut memfd = File::from(fd);
     memfd.write_all(&bytes)?;
     fcntl(
         &memfd,
         FcntlArg::F_ADD_SEALS(
-            SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_WRITE | SealFlag::F_SEAL_SEAL,
+            SealFlag::F_SEAL_SHRINK
+                | SealFlag::F_SEAL_GROW
+                | SealFlag::F_SEAL_WRITE
+                | SealFlag::F_SEAL_SEAL,
         ),
     )?;
     Ok(Content::Sealed(memfd))

@@ -21,7 +21,10 @@ fn header_timeout_answers_408_and_closes() {
     let mut c = n.client();
     let t = Instant::now();
     let mut got_408 = false;
-    for b in b"GET /a.txt HTTP/1.1\r\nHost: t\r\nX-Slow: ".iter().chain(std::iter::repeat(&b'z')) {
+    for b in b"GET /a.txt HTTP/1.1\r\nHost: t\r\nX-Slow: "
+        .iter()
+        .chain(std::iter::repeat(&b'z'))
+    {
         if std::io::Write::write_all(&mut c.stream, &[*b]).is_err() {
             break;
         }
@@ -43,7 +46,10 @@ fn idle_keep_alive_connections_are_closed() {
     let t = Instant::now();
     assert!(c.is_closed());
     let waited = t.elapsed();
-    assert!(waited >= Duration::from_millis(250), "closed after {waited:?}");
+    assert!(
+        waited >= Duration::from_millis(250),
+        "closed after {waited:?}"
+    );
     // A connection that never sends anything is closed too (header timeout).
     let n = TestNode::start(|r| write(r, "a.txt", b"a"), |c| c.header_timeout_ms = 300);
     let mut c = n.client();
@@ -107,7 +113,10 @@ fn cache_stays_within_budget_and_evicts() {
 fn large_files_bypass_the_cache_and_use_sendfile() {
     let big = pattern(3 * 1024 * 1024 + 17, 9);
     let b2 = big.clone();
-    let n = TestNode::start(move |r| write(r, "big.bin", &b2), |c| c.cache_max_object_bytes = 64 * 1024);
+    let n = TestNode::start(
+        move |r| write(r, "big.bin", &b2),
+        |c| c.cache_max_object_bytes = 64 * 1024,
+    );
     let mut c = n.client();
     let r = c.get("/big.bin");
     assert_eq!(r.body.len(), big.len());
@@ -150,7 +159,11 @@ fn emulated_disk_delays_misses_only() {
     let h = std::thread::spawn(move || Client::connect(addr).get("/x.bin").status);
     assert_eq!(n2.client().get("/y.bin").status, 200);
     assert_eq!(h.join().unwrap(), 200);
-    assert!(t.elapsed() >= Duration::from_millis(290), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() >= Duration::from_millis(290),
+        "{:?}",
+        t.elapsed()
+    );
     assert_eq!(n2.metric("switchyard_node_disk_queue"), 0.0);
 }
 
@@ -163,9 +176,18 @@ fn metrics_count_requests_by_status_and_bytes() {
     }
     c.get("/nope");
     let text = n.metrics();
-    assert!(text.contains("switchyard_node_requests_total{status=\"200\"} 3"), "{text}");
-    assert!(text.contains("switchyard_node_requests_total{status=\"404\"} 1"), "{text}");
-    assert!(text.contains("switchyard_node_response_seconds_count 4"), "{text}");
+    assert!(
+        text.contains("switchyard_node_requests_total{status=\"200\"} 3"),
+        "{text}"
+    );
+    assert!(
+        text.contains("switchyard_node_requests_total{status=\"404\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("switchyard_node_response_seconds_count 4"),
+        "{text}"
+    );
     assert!(n.metric("switchyard_node_bytes_out_total") > 15.0);
     assert_eq!(n.metric("switchyard_node_connections_active"), 1.0);
     assert_eq!(n.metric("switchyard_node_connections_total"), 1.0);
@@ -181,10 +203,16 @@ fn shutdown_closes_idle_connections_and_stops_accepting() {
     let node = n.node.take().unwrap();
     let t = Instant::now();
     n.rt.block_on(node.shutdown(Duration::from_secs(5)));
-    assert!(t.elapsed() < Duration::from_secs(4), "idle connection held shutdown");
+    assert!(
+        t.elapsed() < Duration::from_secs(4),
+        "idle connection held shutdown"
+    );
     let mut b = [0u8; 1];
     assert!(matches!(idle.stream.read(&mut b), Ok(0) | Err(_)));
-    assert!(std::net::TcpStream::connect(n.addr).is_err(), "still accepting");
+    assert!(
+        std::net::TcpStream::connect(n.addr).is_err(),
+        "still accepting"
+    );
 }
 
 #[test]

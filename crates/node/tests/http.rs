@@ -251,7 +251,7 @@ fn conditional_requests() {
     let r = c.raw(format!("GET /a.txt HTTP/1.1\r\nHost: t\r\nIf-None-Match: \"other\"\r\nIf-Modified-Since: {lm}\r\n\r\n").as_bytes());
     assert_eq!(r.status, 200);
     // HEAD is conditional too.
-    c.send(format!("HEAD /a.txt HTTP/1.1\r\nHost: t\r\nIf-None-Match: *\r\n\r\n").as_bytes());
+    c.send(b"HEAD /a.txt HTTP/1.1\r\nHost: t\r\nIf-None-Match: *\r\n\r\n");
     assert_eq!(c.response(true).status, 304);
 }
 

@@ -1,0 +1,206 @@
+//! The `switchyard` binary as an operator runs it.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_switchyard"))
+}
+
+/// GET a URL (http://host:port/path) with a one-shot HTTP/1.0 request.
+fn get(url: &str) -> (u16, Vec<u8>) {
+    let rest = url.strip_prefix("http://").unwrap();
+    let (hostport, path) = rest.split_at(rest.find('/').unwrap());
+    let mut s = TcpStream::connect(hostport).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\n\r\n").unwrap();
+    let mut all = Vec::new();
+    s.read_to_end(&mut all).unwrap();
+    let split = all.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let status = std::str::from_utf8(&all[9..12]).unwrap().parse().unwrap();
+    (status, all[split + 4..].to_vec())
+}
+
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn term(child: &mut Child) -> std::process::ExitStatus {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let t = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn demo_serves_the_site_and_metrics_then_stops_cleanly() {
+    let child = bin()
+        .args([
+            "demo",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+            "--duration",
+            "60",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut run = Running(child);
+    let out = run.0.stdout.take().unwrap();
+    let mut lines = BufReader::new(out).lines();
+    let mut site = None;
+    let mut metrics = None;
+    let mut dir = None;
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(u) = line.trim().strip_prefix("site:") {
+            site = Some(u.trim().to_owned());
+        }
+        if let Some(u) = line.trim().strip_prefix("metrics:") {
+            metrics = Some(u.trim().to_owned());
+        }
+        if let Some(i) = line.find(" from /") {
+            dir = Some(line[i + 6..].to_owned());
+        }
+        if line.starts_with("Press Ctrl-C") {
+            break;
+        }
+    }
+    let site = site.expect("demo printed the site URL");
+    let metrics = metrics.expect("demo printed the metrics URL");
+    let dir = dir.expect("demo printed its directory");
+    assert!(std::path::Path::new(&dir).is_dir());
+
+    let (st, body) = get(&site);
+    assert_eq!(st, 200);
+    assert!(String::from_utf8_lossy(&body).contains("switchyard demo site"));
+    let (st, body) = get(&format!("{site}pages/p1.html"));
+    assert_eq!(st, 200);
+    assert_eq!(body, std::fs::read(format!("{dir}/pages/p1.html")).unwrap());
+    let (st, body) = get(&format!("{site}large/l0.bin"));
+    assert_eq!((st, body.len()), (200, 2 * 1024 * 1024));
+    let (st, text) = get(&metrics);
+    assert_eq!(st, 200);
+    let text = String::from_utf8(text).unwrap();
+    assert!(
+        text.contains("switchyard_node_requests_total{status=\"200\"} 3"),
+        "{text}"
+    );
+
+    let status = term(&mut run.0);
+    assert!(status.success(), "{status:?}");
+    assert!(
+        !std::path::Path::new(&dir).exists(),
+        "temporary site left behind"
+    );
+}
+
+#[test]
+fn node_runs_from_a_config_file_and_flags_override_it() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("hello.txt"), b"hi there").unwrap();
+    let cfg_dir = tempfile::tempdir().unwrap();
+    let cfg = cfg_dir.path().join("sy.toml");
+    // Port 1 cannot be bound without privileges: the flag must win.
+    std::fs::write(
+        &cfg,
+        format!(
+            "[log]\nlevel = \"warn\"\n[node]\nlisten = \"127.0.0.1:1\"\nroot = \"{}\"\ncache_policy = \"gdsf\"\n",
+            root.path().display()
+        ),
+    )
+    .unwrap();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let child = bin()
+        .args([
+            "--config",
+            cfg.to_str().unwrap(),
+            "node",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut run = Running(child);
+    let t = Instant::now();
+    let body = loop {
+        if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
+            s.write_all(b"GET /hello.txt HTTP/1.0\r\n\r\n").unwrap();
+            let mut all = Vec::new();
+            s.read_to_end(&mut all).unwrap();
+            break all;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "node did not come up"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(body.ends_with(b"hi there"));
+    assert!(term(&mut run.0).success());
+}
+
+#[test]
+fn bad_input_gives_clear_errors() {
+    let cfg_dir = tempfile::tempdir().unwrap();
+    let cfg = cfg_dir.path().join("bad.toml");
+    std::fs::write(&cfg, "[node]\nroot = \"/tmp\"\ncache_bytez = 1\n").unwrap();
+    let out = bin()
+        .args(["--config", cfg.to_str().unwrap(), "node"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cache_bytez") && err.contains("bad.toml"),
+        "{err}"
+    );
+
+    let out = bin()
+        .args(["node", "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no document root"));
+
+    let out = bin()
+        .args(["node", "--root", "/no/such/dir", "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/no/such/dir"));
+
+    let out = bin()
+        .args(["--config", "/no/such.toml", "demo"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/no/such.toml"));
+}
