@@ -1,7 +1,8 @@
 //! The `switchyard` binary: every component behind one command.
 //!
 //! `switchyard node` runs a back-end web server, `switchyard demo` starts a
-//! local cluster on a generated site with no setup. Configuration comes
+//! local cluster on a generated site with no setup, `switchyard trace`
+//! reads, summarizes and synthesizes access-log workloads. Configuration comes
 //! from one TOML file (`--config`, see `switchyard.example.toml`), and
 //! flags override it.
 
@@ -36,6 +37,9 @@ enum Command {
     Node(node_cmd::NodeArgs),
     /// Start a local cluster on a generated sample site (no setup, no privileges).
     Demo(demo::DemoArgs),
+    /// Access-log traces: statistics, HTTP/1.1 sessions, synthetic workloads.
+    #[command(subcommand)]
+    Trace(switchyard_trace::cli::TraceCommand),
 }
 
 fn main() -> std::process::ExitCode {
@@ -59,6 +63,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Node(args) => node_cmd::run(args, &file),
         Command::Demo(args) => demo::run(args),
+        Command::Trace(cmd) => {
+            let mut out = std::io::stdout().lock();
+            switchyard_trace::cli::run(&cmd, &mut out)?;
+            Ok(())
+        }
     }
 }
 
