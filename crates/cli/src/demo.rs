@@ -24,8 +24,12 @@ pub struct DemoArgs {
     #[arg(long, default_value = "127.0.0.1:9080")]
     pub admin: SocketAddr,
     /// Where to generate the site (default: a temporary directory removed on exit).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "root")]
     pub dir: Option<PathBuf>,
+    /// Serve this existing document root instead of generating a site
+    /// (e.g. one written by `switchyard trace synth --out-root`).
+    #[arg(long)]
+    pub root: Option<PathBuf>,
     /// Object cache budget of the node, in bytes; smaller than the site so
     /// that the cache has to choose.
     #[arg(long, default_value_t = 8 * 1024 * 1024)]
@@ -98,11 +102,34 @@ pub fn generate_site(dir: &Path, seed: u64) -> std::io::Result<SiteSummary> {
     Ok(SiteSummary { files, bytes })
 }
 
+/// Count the files and bytes under an existing root.
+fn describe_root(root: &Path) -> SiteSummary {
+    let mut sum = SiteSummary { files: 0, bytes: 0 };
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            match e.file_type() {
+                Ok(t) if t.is_dir() => stack.push(e.path()),
+                Ok(t) if t.is_file() => {
+                    sum.files += 1;
+                    sum.bytes += e.metadata().map_or(0, |m| m.len());
+                }
+                _ => {}
+            }
+        }
+    }
+    sum
+}
+
 /// Run the demo until Ctrl-C (or `--duration`).
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
-    let (tmp, dir) = match &args.dir {
-        Some(d) => (None, d.clone()),
-        None => {
+    let (tmp, dir) = match (&args.root, &args.dir) {
+        (Some(r), _) => (None, r.clone()),
+        (None, Some(d)) => (None, d.clone()),
+        (None, None) => {
             let t = tempfile::Builder::new()
                 .prefix("switchyard-demo-")
                 .tempdir()
@@ -111,8 +138,16 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             (Some(t), p)
         }
     };
-    let site = generate_site(&dir, args.seed)
-        .with_context(|| format!("cannot write the demo site to {}", dir.display()))?;
+    let site = match &args.root {
+        Some(root) => {
+            if !root.is_dir() {
+                anyhow::bail!("--root {} is not a directory", root.display());
+            }
+            describe_root(root)
+        }
+        None => generate_site(&dir, args.seed)
+            .with_context(|| format!("cannot write the demo site to {}", dir.display()))?,
+    };
     let cfg = NodeConfig {
         listen: args.listen,
         admin: Some(args.admin),
@@ -130,7 +165,8 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         })?;
         let admin = node.admin_addr().expect("admin configured");
         let mut out = std::io::stdout().lock();
-        writeln!(out, "switchyard demo: 1 node serving a generated site ({} files, {:.1} MB) from {}", site.files, site.bytes as f64 / 1e6, dir.display())?;
+        let what = if args.root.is_some() { "the site" } else { "a generated site" };
+        writeln!(out, "switchyard demo: 1 node serving {what} ({} files, {:.1} MB) from {}", site.files, site.bytes as f64 / 1e6, dir.display())?;
         writeln!(out, "  site:    http://{}/", node.addr())?;
         writeln!(out, "  metrics: http://{admin}/metrics")?;
         writeln!(out, "  try:     curl -i http://{}/pages/p1.html", node.addr())?;

@@ -2,7 +2,8 @@
 //!
 //! `switchyard node` runs a back-end web server, `switchyard demo` starts a
 //! local cluster on a generated site with no setup, `switchyard trace`
-//! reads, summarizes and synthesizes access-log workloads. Configuration comes
+//! reads, summarizes and synthesizes access-log workloads, `switchyard load`
+//! drives a server with them. Configuration comes
 //! from one TOML file (`--config`, see `switchyard.example.toml`), and
 //! flags override it.
 
@@ -22,7 +23,7 @@ use crate::config::FileConfig;
 #[command(name = "switchyard", version, about, propagate_version = true)]
 struct Cli {
     /// TOML configuration file (see switchyard.example.toml).
-    #[arg(long, short = 'c', global = true, env = "SWITCHYARD_CONFIG")]
+    #[arg(long, global = true, env = "SWITCHYARD_CONFIG")]
     config: Option<PathBuf>,
     /// Log output format: text or json (overrides [log] format).
     #[arg(long, global = true, value_parser = ["text", "json"])]
@@ -40,6 +41,8 @@ enum Command {
     /// Access-log traces: statistics, HTTP/1.1 sessions, synthetic workloads.
     #[command(subcommand)]
     Trace(switchyard_trace::cli::TraceCommand),
+    /// Load generator: closed loop, open-loop rate profiles, trace and session replay.
+    Load(switchyard_load::cli::LoadArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -66,6 +69,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Trace(cmd) => {
             let mut out = std::io::stdout().lock();
             switchyard_trace::cli::run(&cmd, &mut out)?;
+            Ok(())
+        }
+        Command::Load(args) => {
+            // Builds its own runtimes: called outside any.
+            let mut out = std::io::stdout().lock();
+            switchyard_load::cli::run(&args, &mut out)?;
             Ok(())
         }
     }

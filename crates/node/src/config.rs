@@ -48,6 +48,10 @@ pub struct NodeConfig {
     pub index: String,
     /// Emulated disk for experiments.
     pub disk: DiskConfig,
+    /// UDP address of a switch's `report_listen`: the node pushes its load there (open
+    /// connections, disk queue, cache hits and misses) whenever a connection is handed in or
+    /// closed. None (the default) sends nothing.
+    pub report_to: Option<SocketAddr>,
 }
 
 /// Emulated disk: every read that misses the object cache waits as if a
@@ -90,6 +94,7 @@ impl Default for NodeConfig {
             max_body_bytes: 1024 * 1024,
             index: "index.html".to_owned(),
             disk: DiskConfig::default(),
+            report_to: None,
         }
     }
 }

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::{Buf, Bytes, BytesMut};
-use nix::sys::socket::{send, MsgFlags};
+use nix::sys::socket::{recv, send, MsgFlags};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -153,6 +153,7 @@ impl Conn<'_> {
                 405
             };
             let keep = head.keep_alive && head.framing == BodyFraming::None && !self.stopping();
+            self.out.reserve(512);
             self.error_response(status, keep, head.method, http10);
             self.pending.push(started);
             return if keep { None } else { Some(self.close().await) };
@@ -163,6 +164,9 @@ impl Conn<'_> {
             }
         }
         let keep = head.keep_alive && !self.stopping();
+        // A response head is a few hundred bytes; reserve once rather than
+        // growing an empty buffer piece by piece.
+        self.out.reserve(1024);
         match self.respond(&head, keep).await {
             Body::Empty => {}
             Body::Bytes(b) => self.out.extend_from_slice(&b),
@@ -218,6 +222,7 @@ impl Conn<'_> {
     async fn next_head(&mut self, first: bool) -> Result<RequestHead, End> {
         let limits = self.ctx.limits;
         let mut deadline: Option<tokio::time::Instant> = None;
+        let mut tried_early = false;
         loop {
             if !self.buf.is_empty() {
                 match request::parse(&self.buf, &limits) {
@@ -232,6 +237,15 @@ impl Conn<'_> {
             }
             // About to wait for the client: send what is pending first.
             self.flush().await?;
+            if self.buf.is_empty() && first && !tried_early {
+                // A new client's request usually arrives right behind the
+                // handshake: read it now rather than after a trip through
+                // the event loop.
+                tried_early = true;
+                if self.read_now() {
+                    continue;
+                }
+            }
             if self.buf.is_empty() {
                 // Idle: release buffers, wait for the next request.
                 self.buf = BytesMut::new();
@@ -242,17 +256,32 @@ impl Conn<'_> {
                     self.ctx.idle_timeout
                 };
                 let until = tokio::time::Instant::now() + wait;
-                tokio::select! {
-                    r = timeout_at(until, self.stream.readable()) => match r {
-                        Ok(Ok(())) => {}
-                        Ok(Err(_)) => return Err(End::Broken),
-                        Err(_) => {
-                            self.count_timeout();
-                            return Err(End::Quiet);
+                // Readiness can be stale (the last read did not drain the
+                // socket to EAGAIN), so only real bytes or EOF end the wait;
+                // everything else goes back to watching for shutdown too.
+                loop {
+                    tokio::select! {
+                        r = timeout_at(until, self.stream.readable()) => match r {
+                            Ok(Ok(())) => {}
+                            Ok(Err(_)) => return Err(End::Broken),
+                            Err(_) => {
+                                self.count_timeout();
+                                return Err(End::Quiet);
+                            }
+                        },
+                        _ = self.shutdown.changed() => return Err(End::Quiet),
+                    }
+                    self.buf.reserve(4096);
+                    match self.stream.try_read_buf(&mut self.buf) {
+                        Ok(0) => return Err(End::Quiet),
+                        Ok(_) => break,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            self.buf = BytesMut::new();
                         }
-                    },
-                    _ = self.shutdown.changed() => return Err(End::Quiet),
+                        Err(_) => return Err(End::Broken),
+                    }
                 }
+                continue;
             }
             let until = *deadline
                 .get_or_insert_with(|| tokio::time::Instant::now() + self.ctx.header_timeout);
@@ -280,6 +309,21 @@ impl Conn<'_> {
 
     fn count_timeout(&self) {
         self.ctx.metrics.timeouts.fetch_add(1, Relaxed);
+    }
+
+    /// Read what the socket already holds, without waiting; true if any
+    /// bytes arrived. (A direct non-blocking recv: the runtime's readiness
+    /// state stays correct because a later read that finds nothing simply
+    /// clears it.)
+    fn read_now(&mut self) -> bool {
+        let mut tmp = [0u8; 4096];
+        match recv(self.stream.as_raw_fd(), &mut tmp, MsgFlags::MSG_DONTWAIT) {
+            Ok(n) if n > 0 => {
+                self.buf.extend_from_slice(&tmp[..n]);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Read whatever is available into `buf`, waiting until `until`.

@@ -19,6 +19,7 @@ mod conn;
 pub mod disk;
 pub mod fs;
 pub mod metrics;
+pub mod report;
 pub mod store;
 
 use std::net::SocketAddr;
@@ -75,8 +76,11 @@ pub struct RunningNode {
     metrics: Arc<NodeMetrics>,
     store: Arc<Store>,
     stop: watch::Sender<bool>,
-    slots: Arc<Semaphore>,
-    max_connections: u32,
+    /// Turned true when the grace period is over: workers drop what is left.
+    abort: watch::Sender<bool>,
+    /// One per worker; each says when its listener is closed and its
+    /// connections are done (or abandoned).
+    workers: Vec<std::sync::mpsc::Receiver<()>>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -102,14 +106,31 @@ impl RunningNode {
     }
 
     /// Stop accepting, let open connections finish their current response
-    /// (idle ones close at once), and wait for them up to `grace`.
+    /// (idle ones close at once), and wait for them up to `grace`; then
+    /// drop whatever is left.
     pub async fn shutdown(self, grace: Duration) {
         let _ = self.stop.send(true);
         for t in &self.tasks {
             t.abort();
         }
-        let all = self.max_connections;
-        let _ = tokio::time::timeout(grace, self.slots.acquire_many(all)).await;
+        let abort = self.abort;
+        let workers = self.workers;
+        // The workers run on their own threads; wait for them off the
+        // caller's runtime.
+        let _ = tokio::task::spawn_blocking(move || {
+            let deadline = std::time::Instant::now() + grace;
+            for w in &workers {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if w.recv_timeout(left).is_err() {
+                    break;
+                }
+            }
+            let _ = abort.send(true);
+            for w in &workers {
+                let _ = w.recv_timeout(Duration::from_secs(5));
+            }
+        })
+        .await;
     }
 }
 
@@ -121,18 +142,35 @@ fn limits(cfg: &NodeConfig) -> Limits {
     }
 }
 
-/// Build a listening socket with a deep accept queue.
+/// A listening socket with a deep accept queue, on the current runtime.
 pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::from_std(listen_std(addr, false)?)
+}
+
+/// A non-blocking listening socket with a deep accept queue; with
+/// `reuse_port`, several sockets share the address and the kernel spreads
+/// new connections over them.
+pub fn listen_std(addr: SocketAddr, reuse_port: bool) -> std::io::Result<std::net::TcpListener> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
     socket.listen(4096)?;
-    TcpListener::from_std(socket.into())
+    Ok(socket.into())
 }
 
-/// Bind the node's listeners and start serving on the current runtime.
+/// Bind the node's listeners and start serving.
+///
+/// The node runs thread-per-core, like the event-loop servers it is
+/// measured against: `workers` threads (one per core by default), each a
+/// single-threaded tokio runtime with its own `SO_REUSEPORT` listener on
+/// the same address. A connection lives and dies on the thread that
+/// accepted it, so short connections cost no cross-thread wakeups. The
+/// admin listener runs on the caller's runtime.
 pub async fn start(cfg: NodeConfig) -> Result<RunningNode, NodeError> {
     if cfg.max_connections == 0 || cfg.max_connections > u32::MAX as usize {
         return Err(NodeError::Config("max_connections must be positive".into()));
@@ -147,15 +185,23 @@ pub async fn start(cfg: NodeConfig) -> Result<RunningNode, NodeError> {
         idle_timeout: Duration::from_millis(cfg.idle_timeout_ms),
         send_timeout: Duration::from_millis(cfg.send_timeout_ms),
     });
-    let listener = listen(cfg.listen).map_err(|source| NodeError::Bind {
+    let bind_err = |source| NodeError::Bind {
         addr: cfg.listen,
         source,
-    })?;
-    let addr = listener.local_addr().map_err(|source| NodeError::Bind {
-        addr: cfg.listen,
-        source,
-    })?;
+    };
+    let workers = match cfg.workers {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    // The first socket fixes the port (the configured one may be 0).
+    let first = listen_std(cfg.listen, true).map_err(bind_err)?;
+    let addr = first.local_addr().map_err(bind_err)?;
+    let mut listeners = vec![first];
+    for _ in 1..workers {
+        listeners.push(listen_std(addr, true).map_err(bind_err)?);
+    }
     let (stop, stop_rx) = watch::channel(false);
+    let (abort, abort_rx) = watch::channel(false);
     let mut tasks = Vec::new();
 
     let admin_addr = match cfg.admin {
@@ -174,65 +220,134 @@ pub async fn start(cfg: NodeConfig) -> Result<RunningNode, NodeError> {
         None => None,
     };
 
-    let max = cfg.max_connections as u32;
-    let slots = Arc::new(Semaphore::new(max as usize));
-    // One accept loop per worker thread, so that accepting keeps pace with
-    // short connections the way several event loops do.
-    let listener = Arc::new(listener);
-    let loops = match cfg.workers {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        n => n,
-    };
-    for _ in 0..loops {
-        tasks.push(tokio::spawn(accept_loop(
-            listener.clone(),
-            ctx.clone(),
-            slots.clone(),
+    // Load reports to the switch (distributed load monitor), pushed on connection events.
+    let reporter = cfg.report_to.map(|target| {
+        let (r, task) = report::spawn(
+            target,
+            addr,
+            metrics.clone(),
+            store.clone(),
             stop_rx.clone(),
-        )));
+        );
+        tasks.push(task);
+        r
+    });
+
+    // The connection cap is shared by all workers.
+    let slots = Arc::new(Semaphore::new(cfg.max_connections));
+    let mut done = Vec::new();
+    for (i, listener) in listeners.into_iter().enumerate() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let worker = Worker {
+            ctx: ctx.clone(),
+            slots: slots.clone(),
+            stop: stop_rx.clone(),
+            abort: abort_rx.clone(),
+            reporter: reporter.clone(),
+        };
+        std::thread::Builder::new()
+            .name(format!("sy-node-{i}"))
+            .spawn(move || {
+                worker.run(listener);
+                let _ = tx.send(());
+            })
+            .map_err(|e| NodeError::Config(format!("cannot start worker thread: {e}")))?;
+        done.push(rx);
     }
-    tracing::info!(%addr, root = %cfg.root.display(), admin = ?admin_addr, "node serving");
+    tracing::info!(%addr, workers, root = %cfg.root.display(), admin = ?admin_addr, "node serving");
     Ok(RunningNode {
         addr,
         admin_addr,
         metrics,
         store,
         stop,
-        slots,
-        max_connections: max,
+        abort,
+        workers: done,
         tasks,
     })
 }
 
-async fn accept_loop(
-    listener: Arc<TcpListener>,
+/// One worker thread: a single-threaded runtime, its listener and its connections.
+struct Worker {
     ctx: Arc<Ctx>,
     slots: Arc<Semaphore>,
     stop: watch::Receiver<bool>,
-) {
-    use std::sync::atomic::Ordering::Relaxed;
-    loop {
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let (stream, peer) = match listener.accept().await {
-            Ok(s) => s,
+    abort: watch::Receiver<bool>,
+    reporter: Option<Arc<report::Reporter>>,
+}
+
+impl Worker {
+    fn run(self, listener: std::net::TcpListener) {
+        let rt = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt,
             Err(e) => {
-                // EMFILE and friends: back off instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                continue;
+                tracing::error!(error = %e, "cannot build a worker runtime");
+                return;
             }
         };
-        tracing::trace!(%peer, "accepted");
-        ctx.metrics.connections_total.fetch_add(1, Relaxed);
-        ctx.metrics.connections_active.fetch_add(1, Relaxed);
-        let ctx = ctx.clone();
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            conn::serve(ctx.clone(), stream, stop).await;
-            ctx.metrics.connections_active.fetch_sub(1, Relaxed);
-            drop(permit);
+        let mut abort = self.abort.clone();
+        rt.block_on(async move {
+            let listener = match TcpListener::from_std(listener) {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot register the listener");
+                    return;
+                }
+            };
+            let live = Arc::new(());
+            let mut stop = self.stop.clone();
+            tokio::select! {
+                _ = self.accept_loop(&listener, &live) => {}
+                _ = stop.wait_for(|s| *s) => {}
+            }
+            drop(listener);
+            // Drain: wait until this thread's connections are done, or abort.
+            while Arc::strong_count(&live) > 1 {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+                    _ = abort.wait_for(|a| *a) => break,
+                }
+            }
         });
+    }
+
+    async fn accept_loop(&self, listener: &TcpListener, live: &Arc<()>) {
+        use std::sync::atomic::Ordering::Relaxed;
+        loop {
+            let Ok(permit) = self.slots.clone().acquire_owned().await else {
+                return;
+            };
+            let (stream, peer) = match listener.accept().await {
+                Ok(s) => s,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            };
+            tracing::trace!(%peer, "accepted");
+            let ctx = self.ctx.clone();
+            ctx.metrics.connections_total.fetch_add(1, Relaxed);
+            ctx.metrics.connections_active.fetch_add(1, Relaxed);
+            if let Some(r) = &self.reporter {
+                r.event();
+            }
+            let stop = self.stop.clone();
+            let reporter = self.reporter.clone();
+            let live = live.clone();
+            tokio::spawn(async move {
+                conn::serve(ctx.clone(), stream, stop).await;
+                ctx.metrics.connections_active.fetch_sub(1, Relaxed);
+                if let Some(r) = &reporter {
+                    r.event();
+                }
+                drop(permit);
+                drop(live);
+            });
+        }
     }
 }

@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# node-vs-nginx: the switchyard node against nginx on the same files.
+#
+# Builds a document root (1 KiB, 16 KiB, 100 KiB, 1 MiB), starts nginx
+# (workers = cores, sendfile on, access_log off, open_file_cache) and the
+# node on it, drives both with wrk (same threads, connections, duration),
+# keep-alive and "Connection: close", ROUNDS alternating rounds, and prints
+# medians as a markdown table. Then opens 10,000 idle keep-alive
+# connections to each server and reports the resident memory they cost.
+#
+# Usage: bench/node-vs-nginx/run.sh            (defaults below)
+#        DURATION=10 ROUNDS=5 CONNS=64 THREADS=2 bench/node-vs-nginx/run.sh
+# Traffic goes to 127.0.0.1 only.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+top=$(cd "$here/../.." && pwd)
+DURATION=${DURATION:-5}
+ROUNDS=${ROUNDS:-3}
+CONNS=${CONNS:-64}
+THREADS=${THREADS:-2}
+IDLE=${IDLE:-10000}
+SIZES=${SIZES:-"1k 16k 100k 1m"}
+NGINX_PORT=18080
+NODE_PORT=18081
+ulimit -n "$(ulimit -Hn)"  # the idle test needs IDLE + a few descriptors per process
+
+for cmd in nginx wrk python3; do
+    if ! command -v "$cmd" >/dev/null; then
+        [ "$(id -u)" -eq 0 ] || { echo "need $cmd (apt-get install nginx wrk python3)" >&2; exit 1; }
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light wrk python3 || \
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx wrk python3
+    fi
+done
+# SWITCHYARD_BIN names a prebuilt binary; otherwise build the release binary.
+if [ -z "${SWITCHYARD_BIN:-}" ]; then
+    (cd "$top" && cargo build --release --locked -q -p switchyard)
+fi
+bin="${SWITCHYARD_BIN:-$top/target/release/switchyard}"
+
+work=$(mktemp -d /tmp/sy-bench-XXXXXX)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+root="$work/root"; mkdir -p "$root"
+chmod 755 "$work" "$root"  # nginx workers run unprivileged
+head -c 1024 /dev/urandom > "$root/1k"
+head -c 16384 /dev/urandom > "$root/16k"
+head -c 102400 /dev/urandom > "$root/100k"
+head -c 1048576 /dev/urandom > "$root/1m"
+
+cores=$(nproc)
+cat > "$work/nginx.conf" <<CONF
+worker_processes $cores;
+pid $work/nginx.pid;
+error_log $work/nginx-error.log warn;
+daemon off;
+worker_rlimit_nofile 19000;
+events { worker_connections 18000; }
+http {
+    access_log off;
+    sendfile on;
+    tcp_nopush on;
+    tcp_nodelay on;
+    keepalive_timeout 75s;
+    keepalive_requests 1000000;
+    open_file_cache max=1000 inactive=60s;
+    open_file_cache_valid 60s;
+    default_type application/octet-stream;
+    client_body_temp_path $work/nginx-body;
+    proxy_temp_path $work/nginx-proxy;
+    fastcgi_temp_path $work/nginx-fastcgi;
+    uwsgi_temp_path $work/nginx-uwsgi;
+    scgi_temp_path $work/nginx-scgi;
+    server {
+        listen 127.0.0.1:$NGINX_PORT backlog=4096;
+        root $root;
+    }
+}
+CONF
+nginx -c "$work/nginx.conf" -e "$work/nginx-error.log" &
+pids+=($!); nginx_pid=$!
+"$bin" node --listen 127.0.0.1:$NODE_PORT --root "$root" --cache-bytes 67108864 2>"$work/node.log" &
+pids+=($!); node_pid=$!
+for port in $NGINX_PORT $NODE_PORT; do
+    for _ in $(seq 50); do curl -sf -o /dev/null "http://127.0.0.1:$port/1k" && break; sleep 0.1; done
+done
+
+# wrk prints "Requests/sec: N" and, with --latency, "99% Xunit".
+to_us() { awk '{v=$1; if (v ~ /us$/) {sub(/us/,"",v); print v} else if (v ~ /ms$/) {sub(/ms/,"",v); print v*1000} else if (v ~ /s$/) {sub(/s/,"",v); print v*1000000} else print v}'; }
+run_wrk() { # port size mode
+    local extra=()
+    [ "$3" = close ] && extra=(-H "Connection: close")
+    local out
+    out=$(wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --latency "${extra[@]}" "http://127.0.0.1:$1/$2")
+    local rps p99
+    rps=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
+    p99=$(awk '$1=="99%" {print $2}' <<<"$out" | to_us)
+    local errs
+    errs=$(awk '/Non-2xx|Socket errors/ {print}' <<<"$out" | tr '\n' ' ')
+    [ -n "$errs" ] && echo "  note: port $1 $2 $3: $errs" >&2
+    echo "$rps $p99"
+}
+median() { sort -n | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+
+echo "| file | mode | nginx req/s | node req/s | node/nginx | nginx p99 µs | node p99 µs |"
+echo "|---|---|---:|---:|---:|---:|---:|"
+for size in $SIZES; do
+    for mode in keepalive close; do
+        : > "$work/n.rps"; : > "$work/s.rps"; : > "$work/n.p99"; : > "$work/s.p99"
+        for r in $(seq "$ROUNDS"); do
+            read -r a b < <(run_wrk $NGINX_PORT "$size" $mode); echo "$a" >> "$work/n.rps"; echo "$b" >> "$work/n.p99"
+            read -r a b < <(run_wrk $NODE_PORT "$size" $mode); echo "$a" >> "$work/s.rps"; echo "$b" >> "$work/s.p99"
+        done
+        n=$(median < "$work/n.rps"); s=$(median < "$work/s.rps")
+        np=$(median < "$work/n.p99"); sp=$(median < "$work/s.p99")
+        ratio=$(awk -v a="$s" -v b="$n" 'BEGIN {printf "%.2f", a/b}')
+        printf "| %s | %s | %.0f | %.0f | %s | %.0f | %.0f |\n" "$size" "$mode" "$n" "$s" "$ratio" "$np" "$sp"
+    done
+done
+
+# Resident memory of IDLE idle keep-alive connections.
+rss_kb() { # pids...
+    local total=0
+    for p in "$@"; do
+        total=$((total + $(awk '/^VmRSS/ {print $2}' "/proc/$p/status")))
+    done
+    echo $total
+}
+idle_test() { # port, pids...
+    local port=$1; shift
+    local before after
+    before=$(rss_kb "$@")
+    python3 - "$port" "$IDLE" "$work/idle-$port" <<'PY' &
+import socket, sys, time, os
+port, n, flag = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+socks = []
+req = b"GET /1k HTTP/1.1\r\nHost: bench\r\n\r\n"
+for i in range(n):
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(req)
+    socks.append(s)
+got = 0
+for s in socks:
+    data = b""
+    while b"\r\n\r\n" not in data or len(data) < data.index(b"\r\n\r\n") + 4 + 1024:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    got += data.startswith(b"HTTP/1.1 200")
+open(flag, "w").write(str(got))
+time.sleep(30)
+PY
+    local client=$!
+    for _ in $(seq 600); do [ -f "$work/idle-$port" ] && break; sleep 0.2; done
+    sleep 1
+    after=$(rss_kb "$@")
+    local ok; ok=$(cat "$work/idle-$port" 2>/dev/null || echo 0)
+    kill "$client" 2>/dev/null || true; wait "$client" 2>/dev/null || true
+    echo "$ok $before $after"
+}
+nginx_workers=$(pgrep -P "$nginx_pid" | tr '\n' ' ')
+read -r nok nb na < <(idle_test $NGINX_PORT $nginx_pid $nginx_workers)
+sleep 2
+read -r sok sb sa < <(idle_test $NODE_PORT $node_pid)
+echo
+echo "| $IDLE idle keep-alive connections | answered | RSS before (MB) | RSS with them open (MB) | cost (MB) |"
+echo "|---|---:|---:|---:|---:|"
+awk -v ok="$nok" -v b="$nb" -v a="$na" 'BEGIN {printf "| nginx (master + workers) | %d | %.1f | %.1f | %.1f |\n", ok, b/1024, a/1024, (a-b)/1024}'
+awk -v ok="$sok" -v b="$sb" -v a="$sa" 'BEGIN {printf "| switchyard node | %d | %.1f | %.1f | %.1f |\n", ok, b/1024, a/1024, (a-b)/1024}'
