@@ -111,7 +111,6 @@ impl From<io::Error> for End {
 
 /// Serve one accepted connection until it closes.
 pub(crate) async fn serve(ctx: Arc<Ctx>, stream: TcpStream, shutdown: watch::Receiver<bool>) {
-    let _ = stream.set_nodelay(true);
     let mut conn = Conn {
         ctx: &ctx,
         stream,
@@ -133,9 +132,15 @@ impl Conn<'_> {
                 Ok(h) => h,
                 Err(e) => return e,
             };
-            first = false;
             if let Some(end) = Box::pin(self.handle(head)).await {
                 return end;
+            }
+            if first {
+                // The connection carries a second response: from now on a
+                // small write must not wait behind an unacknowledged one
+                // (Nagle). A one-request connection never needs the call.
+                let _ = self.stream.set_nodelay(true);
+                first = false;
             }
         }
     }
