@@ -91,6 +91,7 @@ struct Conn<'a> {
     /// Start times of responses buffered in `out`, observed at flush.
     pending: Vec<Instant>,
     shutdown: watch::Receiver<bool>,
+    stats: ConnStats,
 }
 
 /// Why the connection loop ended.
@@ -109,19 +110,37 @@ impl From<io::Error> for End {
     }
 }
 
-/// Serve one accepted connection until it closes.
-pub(crate) async fn serve(ctx: Arc<Ctx>, stream: TcpStream, shutdown: watch::Receiver<bool>) {
+/// What one connection did, for the switch's notify-close message.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnStats {
+    /// Requests answered (any status).
+    pub requests: u64,
+    /// Response bytes written.
+    pub bytes: u64,
+}
+
+/// Serve one connection until it closes. `preread` holds request bytes
+/// already taken from the socket by whoever accepted it (a switch handing
+/// the connection over); they are answered first.
+pub(crate) async fn serve(
+    ctx: Arc<Ctx>,
+    stream: TcpStream,
+    shutdown: watch::Receiver<bool>,
+    preread: BytesMut,
+) -> ConnStats {
     let mut conn = Conn {
         ctx: &ctx,
         stream,
-        buf: BytesMut::new(),
+        buf: preread,
         out: Vec::new(),
         pending: Vec::new(),
         shutdown,
+        stats: ConnStats::default(),
     };
     if let End::Error(status) = conn.run().await {
         Box::pin(conn.fail(status)).await;
     }
+    conn.stats
 }
 
 impl Conn<'_> {
@@ -148,6 +167,7 @@ impl Conn<'_> {
     /// Answer one request; `Some` ends the connection.
     async fn handle(&mut self, head: RequestHead) -> Option<End> {
         let started = Instant::now();
+        self.stats.requests += 1;
         self.buf.advance(head.head_len);
         let http10 = head.version == Version::Http10;
         if !matches!(head.method, Method::Get | Method::Head) {
@@ -567,6 +587,7 @@ impl Conn<'_> {
             }
         }
         self.ctx.metrics.bytes_out.fetch_add(done as u64, Relaxed);
+        self.stats.bytes += done as u64;
         self.out.clear();
         for t in self.pending.drain(..) {
             self.ctx
@@ -578,7 +599,7 @@ impl Conn<'_> {
     }
 
     /// Send `len` bytes of `file` from `offset` with sendfile(2).
-    async fn sendfile(&self, file: &File, offset: u64, len: u64) -> io::Result<()> {
+    async fn sendfile(&mut self, file: &File, offset: u64, len: u64) -> io::Result<()> {
         let mut off = offset as i64;
         let mut left = len;
         let until = tokio::time::Instant::now() + self.ctx.send_timeout;
@@ -648,6 +669,59 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
+    fn ctx(root: &std::path::Path) -> Arc<crate::Ctx> {
+        let cfg = crate::NodeConfig {
+            root: root.into(),
+            ..Default::default()
+        };
+        Arc::new(crate::Ctx {
+            limits: Default::default(),
+            store: Arc::new(crate::Store::new(&cfg).unwrap()),
+            metrics: Default::default(),
+            header_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(5),
+            send_timeout: Duration::from_secs(5),
+        })
+    }
+
+    /// Bytes read by whoever accepted the connection are answered first,
+    /// before anything the client sends afterwards; the figures returned
+    /// are what a notify-close message reports.
+    #[test]
+    fn preread_bytes_are_served_first_and_counted() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("a.txt"), b"alpha").unwrap();
+            std::fs::write(dir.path().join("b.txt"), b"beta").unwrap();
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let mut client = tokio::net::TcpStream::connect(l.local_addr().unwrap())
+                .await
+                .unwrap();
+            let (server, _) = l.accept().await.unwrap();
+            let (_tx, rx) = tokio::sync::watch::channel(false);
+            let pre = bytes::BytesMut::from(&b"GET /a.txt HTTP/1.1\r\nHost: x\r\n\r\nGET /b.t"[..]);
+            let task = tokio::spawn(super::serve(ctx(dir.path()), server, rx, pre));
+            client
+                .write_all(b"xt HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .await
+                .unwrap();
+            let mut all = Vec::new();
+            client.read_to_end(&mut all).await.unwrap();
+            let text = String::from_utf8(all.clone()).unwrap();
+            let a = text.find("alpha").expect("first response");
+            let b = text.find("beta").expect("second response");
+            assert!(a < b);
+            let stats = task.await.unwrap();
+            assert_eq!(stats.requests, 2);
+            assert_eq!(stats.bytes, all.len() as u64);
+        });
+    }
+
     /// An idle connection costs its task's future plus kernel socket
     /// state; the future must stay small for 10,000 idle connections to
     /// fit the memory budget.
@@ -676,7 +750,7 @@ mod tests {
                 send_timeout: Duration::from_secs(1),
             });
             let (_tx, rx) = tokio::sync::watch::channel(false);
-            let fut = super::serve(ctx, s, rx);
+            let fut = super::serve(ctx, s, rx, bytes::BytesMut::new());
             let size = std::mem::size_of_val(&fut);
             eprintln!("connection future: {size} bytes");
             assert!(size <= 1024, "connection future grew to {size} bytes");

@@ -340,7 +340,7 @@ impl Worker {
             let reporter = self.reporter.clone();
             let live = live.clone();
             tokio::spawn(async move {
-                conn::serve(ctx.clone(), stream, stop).await;
+                conn::serve(ctx.clone(), stream, stop, bytes::BytesMut::new()).await;
                 ctx.metrics.connections_active.fetch_sub(1, Relaxed);
                 if let Some(r) = &reporter {
                     r.event();
