@@ -12,6 +12,8 @@ use switchyard_node::NodeConfig;
 pub struct FileConfig {
     /// `[node]`: the back-end web server.
     pub node: Option<NodeConfig>,
+    /// `[switch]`: the layer-7 switch.
+    pub switch: Option<switchyard_switch::SwitchConfig>,
     /// `[log]`: logging.
     #[serde(default)]
     pub log: LogConfig,
@@ -73,6 +75,16 @@ mod tests {
         assert_eq!(node.header_timeout_ms, d.header_timeout_ms);
         assert_eq!(node.max_head_bytes, d.max_head_bytes);
         assert_eq!(cfg.log.level, "info");
+        assert_eq!(node.report_to, None);
+        let sw = cfg.switch.expect("example has a [switch] section");
+        assert_eq!(sw.nodes.len(), 2);
+        assert_eq!(sw.nodes[1].weight, 2);
+        assert_eq!(sw.nodes[1].max_inflight, Some(256));
+        assert_eq!(sw.policy.name.to_string(), "lard");
+        assert_eq!(sw.policy.l_overload, 130);
+        let d = switchyard_switch::SwitchConfig::default();
+        assert_eq!(sw.queue_max, d.queue_max);
+        assert_eq!(sw.health_path, d.health_path);
     }
 
     #[test]

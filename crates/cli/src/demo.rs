@@ -1,16 +1,17 @@
 //! `switchyard demo`: a running system on a generated site, no setup.
 
 use std::fmt::Write as _;
-use std::io::Write as _;
+use std::io::{BufRead, BufReader, Write as _};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use switchyard_node::NodeConfig;
+use switchyard_switch::{NodeEntry, SwitchConfig};
 
 use crate::runtime;
 
@@ -30,9 +31,15 @@ pub struct DemoArgs {
     /// (e.g. one written by `switchyard trace synth --out-root`).
     #[arg(long)]
     pub root: Option<PathBuf>,
-    /// Object cache budget of the node, in bytes; smaller than the site so
-    /// that the cache has to choose.
-    #[arg(long, default_value_t = 8 * 1024 * 1024)]
+    /// Number of node processes behind the switch.
+    #[arg(long, default_value_t = 4)]
+    pub nodes: usize,
+    /// Dispatching policy of the switch (rr wrr lc chash lard lard-r ext-lard cap).
+    #[arg(long, default_value = "lard")]
+    pub policy: String,
+    /// Object cache budget of each node, in bytes; smaller than the site, so
+    /// one node alone cannot hold it while the cluster's caches together can.
+    #[arg(long, default_value_t = 6 * 1024 * 1024)]
     pub cache_bytes: u64,
     /// Stop after this many seconds (default: run until Ctrl-C).
     #[arg(long)]
@@ -102,6 +109,80 @@ pub fn generate_site(dir: &Path, seed: u64) -> std::io::Result<SiteSummary> {
     Ok(SiteSummary { files, bytes })
 }
 
+/// A node running as a child process of the demo.
+struct NodeProcess {
+    child: Child,
+    addr: SocketAddr,
+    admin: SocketAddr,
+}
+
+impl NodeProcess {
+    /// Start `switchyard node` on free loopback ports and wait until it
+    /// says where it serves.
+    fn spawn(root: &Path, cache_bytes: u64) -> anyhow::Result<NodeProcess> {
+        let exe = std::env::current_exe().context("cannot find the switchyard binary")?;
+        let mut child = Command::new(exe)
+            .args([
+                "--log-format",
+                "text",
+                "node",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin",
+                "127.0.0.1:0",
+            ])
+            .arg("--root")
+            .arg(root)
+            .args(["--cache-bytes", &cache_bytes.to_string(), "--workers", "1"])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("cannot start a node process")?;
+        let stderr = child.stderr.take().expect("piped");
+        let mut lines = BufReader::new(stderr).lines();
+        let mut addr = None;
+        let mut admin = None;
+        while addr.is_none() || admin.is_none() {
+            let Some(Ok(line)) = lines.next() else {
+                let _ = child.kill();
+                let _ = child.wait();
+                anyhow::bail!("a node process exited before it was serving");
+            };
+            if let Some(u) = line.strip_prefix("switchyard node: serving http://") {
+                addr = u.trim_end_matches('/').parse().ok();
+            } else if let Some(u) = line.strip_prefix("switchyard node: metrics at http://") {
+                admin = u.trim_end_matches("/metrics").parse().ok();
+            }
+        }
+        // Keep draining the node's log so it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Ok(NodeProcess {
+            child,
+            addr: addr.expect("checked"),
+            admin: admin.expect("checked"),
+        })
+    }
+
+    /// SIGTERM, then wait for the node to drain and exit.
+    fn stop(mut self) {
+        use nix::sys::signal::{kill, Signal};
+        use nix::unistd::Pid;
+        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        // On error paths the node is still running; after stop() it has
+        // already exited and this does nothing.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Count the files and bytes under an existing root.
 fn describe_root(root: &Path) -> SiteSummary {
     let mut sum = SiteSummary { files: 0, bytes: 0 };
@@ -148,36 +229,63 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         None => generate_site(&dir, args.seed)
             .with_context(|| format!("cannot write the demo site to {}", dir.display()))?,
     };
-    let cfg = NodeConfig {
+    if args.nodes == 0 {
+        anyhow::bail!("--nodes must be at least 1");
+    }
+    let policy: switchyard_policy::PolicyKind = args
+        .policy
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
+    // The nodes are separate processes of this same binary, as in a real
+    // cluster; the switch runs in this process.
+    let mut nodes = Vec::new();
+    for _ in 0..args.nodes {
+        nodes.push(NodeProcess::spawn(&dir, args.cache_bytes)?);
+    }
+    let mut cfg = SwitchConfig {
         listen: args.listen,
         admin: Some(args.admin),
-        root: dir.clone(),
-        cache_bytes: args.cache_bytes,
-        ..NodeConfig::default()
+        nodes: nodes.iter().map(|n| NodeEntry::new(n.addr)).collect(),
+        ..SwitchConfig::default()
     };
+    cfg.policy.name = policy;
     let rt = runtime::build(0)?;
     rt.block_on(async {
-        let node = switchyard_node::start(cfg).await.with_context(|| {
+        let switch = switchyard_switch::start(cfg).await.with_context(|| {
             format!(
                 "the demo could not start (is {} or {} in use? pick others with --listen/--admin, port 0 for any)",
                 args.listen, args.admin
             )
         })?;
-        let admin = node.admin_addr().expect("admin configured");
+        let admin = switch.admin_addr().expect("admin configured");
         let mut out = std::io::stdout().lock();
         let what = if args.root.is_some() { "the site" } else { "a generated site" };
-        writeln!(out, "switchyard demo: 1 node serving {what} ({} files, {:.1} MB) from {}", site.files, site.bytes as f64 / 1e6, dir.display())?;
-        writeln!(out, "  site:    http://{}/", node.addr())?;
-        writeln!(out, "  metrics: http://{admin}/metrics")?;
-        writeln!(out, "  try:     curl -i http://{}/pages/p1.html", node.addr())?;
+        writeln!(
+            out,
+            "switchyard demo: a switch ({policy}) and {} node processes serving {what} ({} files, {:.1} MB; each node caches {:.1} MB) from {}",
+            nodes.len(),
+            site.files,
+            site.bytes as f64 / 1e6,
+            args.cache_bytes as f64 / 1e6,
+            dir.display()
+        )?;
+        writeln!(out, "  site:    http://{}/", switch.addr())?;
+        writeln!(out, "  metrics: http://{admin}/metrics   (switch; /status.json for its state)")?;
+        for (i, n) in nodes.iter().enumerate() {
+            writeln!(out, "           http://{}/metrics   (node {} at {})", n.admin, i + 1, n.addr)?;
+        }
+        writeln!(out, "  try:     curl -i http://{}/pages/p1.html", switch.addr())?;
         writeln!(out, "Press Ctrl-C to stop.")?;
         out.flush()?;
         drop(out);
         let why = runtime::stop_signal(args.duration.map(Duration::from_secs)).await;
         tracing::info!(reason = why, "demo stopping");
-        node.shutdown(Duration::from_secs(5)).await;
+        switch.shutdown(Duration::from_secs(5)).await;
         anyhow::Ok(())
     })?;
+    for n in nodes {
+        n.stop();
+    }
     drop(tmp);
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! The `switchyard` binary: every component behind one command.
 //!
-//! `switchyard node` runs a back-end web server, `switchyard demo` starts a
+//! `switchyard node` runs a back-end web server, `switchyard switch` the
+//! layer-7 switch in front of nodes, `switchyard demo` starts a
 //! local cluster on a generated site with no setup, `switchyard trace`
 //! reads, summarizes and synthesizes access-log workloads, `switchyard load`
 //! drives a server with them. Configuration comes
@@ -11,6 +12,7 @@ mod config;
 mod demo;
 mod node_cmd;
 mod runtime;
+mod switch_cmd;
 
 use std::path::PathBuf;
 
@@ -38,6 +40,8 @@ struct Cli {
 enum Command {
     /// Run a back-end web server node.
     Node(node_cmd::NodeArgs),
+    /// Run the layer-7 web switch in front of nodes.
+    Switch(switchyard_switch::SwitchArgs),
     /// Start a local cluster on a generated sample site (no setup, no privileges).
     Demo(demo::DemoArgs),
     /// Access-log traces: statistics, HTTP/1.1 sessions, synthetic workloads.
@@ -67,6 +71,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     runtime::init_tracing(&file.log.level, &format);
     match cli.command {
         Command::Node(args) => node_cmd::run(args, &file),
+        Command::Switch(args) => switch_cmd::run(args, &file, cli.config.as_deref()),
         Command::Demo(args) => demo::run(args),
         Command::Trace(cmd) => {
             let mut out = std::io::stdout().lock();

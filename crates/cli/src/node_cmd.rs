@@ -38,6 +38,9 @@ pub struct NodeArgs {
     /// Emulated disk bandwidth in bytes per second.
     #[arg(long)]
     pub disk_bandwidth: Option<u64>,
+    /// Switch address (its report_listen) to push load reports to.
+    #[arg(long)]
+    pub report_to: Option<SocketAddr>,
     /// Seconds to wait for open connections on shutdown.
     #[arg(long, default_value_t = 10)]
     pub drain_secs: u64,
@@ -69,6 +72,9 @@ impl NodeArgs {
         }
         if let Some(v) = self.disk_bandwidth {
             cfg.disk.bandwidth_bytes_per_sec = v;
+        }
+        if let Some(v) = self.report_to {
+            cfg.report_to = Some(v);
         }
         cfg
     }

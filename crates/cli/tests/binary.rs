@@ -73,13 +73,16 @@ fn demo_serves_the_site_and_metrics_then_stops_cleanly() {
     let mut site = None;
     let mut metrics = None;
     let mut dir = None;
+    let mut node_metrics = Vec::new();
     for line in lines.by_ref() {
         let line = line.unwrap();
         if let Some(u) = line.trim().strip_prefix("site:") {
             site = Some(u.trim().to_owned());
         }
         if let Some(u) = line.trim().strip_prefix("metrics:") {
-            metrics = Some(u.trim().to_owned());
+            metrics = Some(u.split_whitespace().next().unwrap().to_owned());
+        } else if line.trim().starts_with("http://") && line.contains("(node ") {
+            node_metrics.push(line.split_whitespace().next().unwrap().to_owned());
         }
         if let Some(i) = line.find(" from /") {
             dir = Some(line[i + 6..].to_owned());
@@ -105,9 +108,24 @@ fn demo_serves_the_site_and_metrics_then_stops_cleanly() {
     assert_eq!(st, 200);
     let text = String::from_utf8(text).unwrap();
     assert!(
-        text.contains("switchyard_node_requests_total{status=\"200\"} 3"),
+        text.contains("switchyard_switch_requests_total{status=\"200\"} 3"),
         "{text}"
     );
+    // Four node processes stand behind the switch, and between them they
+    // served the three requests (plus any health checks so far).
+    assert_eq!(node_metrics.len(), 4, "{node_metrics:?}");
+    let mut served = 0u64;
+    for url in &node_metrics {
+        let (st, text) = get(url);
+        assert_eq!(st, 200);
+        served += String::from_utf8(text)
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with("switchyard_node_requests_total{"))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum::<u64>();
+    }
+    assert!(served >= 3, "nodes served {served}");
 
     let status = term(&mut run.0);
     assert!(status.success(), "{status:?}");

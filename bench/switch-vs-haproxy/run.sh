@@ -1,0 +1,210 @@
+#!/usr/bin/env bash
+# switch-vs-haproxy: the same two switchyard nodes behind the switchyard switch (relay, with
+# consistent hashing and with LARD), behind HAProxy (balance uri, hash-type consistent,
+# keep-alive to the servers, nbthread = cores) and behind nginx (hash $request_uri consistent,
+# upstream keepalive). wrk drives each front end over 64 files per size (so that hashing spreads
+# them over both nodes) with keep-alive and with "Connection: close", 1 KiB and 100 KiB files,
+# in alternating rounds; the table shows medians. A second table compares moving 100 KiB bodies
+# with splice(2) against the copy loop (splice_min_bytes).
+#
+# Usage: bench/switch-vs-haproxy/run.sh
+#        DURATION=5 ROUNDS=3 CONNS=64 THREADS=2 bench/switch-vs-haproxy/run.sh
+# SWITCH_BIN overrides how the switch is run (default: `switchyard switch` when the binary has
+# that subcommand, else the crate's example binary). Traffic goes to 127.0.0.1 only.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+top=$(cd "$here/../.." && pwd)
+DURATION=${DURATION:-5}
+ROUNDS=${ROUNDS:-3}
+CONNS=${CONNS:-64}
+THREADS=${THREADS:-2}
+SIZES=${SIZES:-"1k 100k"}
+MODES=${MODES:-"keepalive close"}
+FRONTS=${FRONTS:-"haproxy nginx sw-chash sw-lard"}
+N1=18101; N2=18102; HAP=18110; NGX=18111; SWC=18112; SWL=18113; SWS=18114; SWP=18115
+ulimit -n "$(ulimit -Hn)"
+
+for cmd in haproxy nginx wrk curl; do
+    if ! command -v "$cmd" >/dev/null; then
+        [ "$(id -u)" -eq 0 ] || { echo "need $cmd (apt-get install haproxy nginx wrk curl)" >&2; exit 1; }
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy nginx-light wrk curl || \
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy nginx wrk curl
+    fi
+done
+target=${CARGO_TARGET_DIR:-$top/target}
+[ -n "${SKIP_BUILD:-}" ] || (cd "$top" && cargo build --release -q -p switchyard -p switchyard-switch --example switch)
+bin="$target/release/switchyard"
+if [ -z "${SWITCH_BIN:-}" ]; then
+    if "$bin" switch --help >/dev/null 2>&1; then SWITCH_BIN="$bin switch"; else SWITCH_BIN="$target/release/examples/switch"; fi
+fi
+
+work=$(mktemp -d /tmp/sy-swbench-XXXXXX)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+root="$work/root"; mkdir -p "$root"
+chmod 755 "$work" "$root"
+for i in $(seq 0 63); do
+    head -c 1024 /dev/urandom > "$root/1k-$i"
+    head -c 102400 /dev/urandom > "$root/100k-$i"
+done
+cat > "$work/paths.lua" <<'LUA'
+local prefix = "1k"
+local i = 0
+function init(args)
+    prefix = args[1] or prefix
+    i = math.random(0, 63)
+end
+function request()
+    i = (i + 1) % 64
+    return wrk.format("GET", "/" .. prefix .. "-" .. i)
+end
+LUA
+
+cores=$(nproc)
+for port in $N1 $N2; do
+    "$bin" node --listen 127.0.0.1:$port --root "$root" --workers 1 --cache-bytes 67108864 2>"$work/node-$port.log" &
+    pids+=($!)
+done
+
+cat > "$work/haproxy.cfg" <<CONF
+global
+    nbthread $cores
+    maxconn 8000
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+    option http-keep-alive
+    http-reuse always
+frontend fe
+    bind 127.0.0.1:$HAP
+    default_backend be
+backend be
+    balance uri
+    hash-type consistent
+    server n1 127.0.0.1:$N1 maxconn 1000
+    server n2 127.0.0.1:$N2 maxconn 1000
+CONF
+haproxy -f "$work/haproxy.cfg" -db 2>"$work/haproxy.log" &
+pids+=($!)
+
+cat > "$work/nginx.conf" <<CONF
+worker_processes $cores;
+pid $work/nginx.pid;
+error_log $work/nginx-error.log warn;
+daemon off;
+worker_rlimit_nofile 19000;
+events { worker_connections 9000; }
+http {
+    access_log off;
+    keepalive_timeout 75s;
+    keepalive_requests 1000000;
+    client_body_temp_path $work/nginx-body;
+    proxy_temp_path $work/nginx-proxy;
+    fastcgi_temp_path $work/nginx-fastcgi;
+    uwsgi_temp_path $work/nginx-uwsgi;
+    scgi_temp_path $work/nginx-scgi;
+    upstream nodes {
+        hash \$request_uri consistent;
+        server 127.0.0.1:$N1;
+        server 127.0.0.1:$N2;
+        keepalive 512;
+        keepalive_requests 1000000;
+    }
+    server {
+        listen 127.0.0.1:$NGX backlog=4096;
+        location / {
+            proxy_pass http://nodes;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+}
+CONF
+nginx -c "$work/nginx.conf" -e "$work/nginx-error.log" &
+pids+=($!)
+
+start_switch() { # port policy splice_min
+    cat > "$work/switch-$1.toml" <<CONF
+[switch]
+listen = "127.0.0.1:$1"
+nodes = ["127.0.0.1:$N1", "127.0.0.1:$N2"]
+policy = "$2"
+workers = $cores
+splice_min_bytes = $3
+CONF
+    $SWITCH_BIN --config "$work/switch-$1.toml" 2>"$work/switch-$1.log" &
+    pids+=($!)
+}
+start_switch $SWC chash 65536
+start_switch $SWL lard 65536
+start_switch $SWS lard 1
+start_switch $SWP lard 0
+
+for port in $N1 $N2 $HAP $NGX $SWC $SWL $SWS $SWP; do
+    ok=0
+    for _ in $(seq 100); do curl -sf -o /dev/null "http://127.0.0.1:$port/1k-0" && { ok=1; break; }; sleep 0.1; done
+    [ $ok = 1 ] || { echo "port $port did not come up" >&2; cat "$work"/*.log >&2; exit 1; }
+done
+
+port_of() { case $1 in haproxy) echo $HAP;; nginx) echo $NGX;; sw-chash) echo $SWC;; sw-lard) echo $SWL;; sw-splice) echo $SWS;; sw-copy) echo $SWP;; esac; }
+to_us() { awk '{v=$1; if (v ~ /us$/) {sub(/us/,"",v); print v} else if (v ~ /ms$/) {sub(/ms/,"",v); print v*1000} else if (v ~ /s$/) {sub(/s/,"",v); print v*1000000} else print v}'; }
+run_wrk() { # port size mode
+    local extra=()
+    [ "$3" = close ] && extra=(-H "Connection: close")
+    local out
+    out=$(wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --latency "${extra[@]}" -s "$work/paths.lua" "http://127.0.0.1:$1/" -- "$2")
+    local rps p99 errs
+    rps=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
+    p99=$(awk '$1=="99%" {print $2}' <<<"$out" | to_us)
+    errs=$(awk '/Non-2xx|Socket errors/ {print}' <<<"$out" | tr '\n' ' ')
+    [ -n "$errs" ] && echo "  note: port $1 $2 $3: $errs" >&2
+    echo "$rps $p99"
+}
+median() { sort -n | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+
+# Warm every front end and the nodes' caches.
+for f in $FRONTS sw-splice sw-copy; do
+    for size in $SIZES; do wrk -t1 -c8 -d1s -s "$work/paths.lua" "http://127.0.0.1:$(port_of $f)/" -- "$size" >/dev/null; done
+done
+
+echo "cores: $cores; wrk -t$THREADS -c$CONNS -d${DURATION}s, $ROUNDS alternating rounds, medians; 2 nodes (1 worker each) on the same machine"
+echo
+echo "| file | mode | front end | req/s | vs HAProxy | p99 µs |"
+echo "|---|---|---|---:|---:|---:|"
+for size in $SIZES; do
+    for mode in $MODES; do
+        for f in $FRONTS; do : > "$work/$f.rps"; : > "$work/$f.p99"; done
+        for r in $(seq "$ROUNDS"); do
+            for f in $FRONTS; do
+                read -r a b < <(run_wrk "$(port_of $f)" "$size" "$mode")
+                echo "$a" >> "$work/$f.rps"; echo "$b" >> "$work/$f.p99"
+            done
+        done
+        base=$(median < "$work/haproxy.rps")
+        for f in $FRONTS; do
+            rps=$(median < "$work/$f.rps"); p99=$(median < "$work/$f.p99")
+            ratio=$(awk -v a="$rps" -v b="$base" 'BEGIN {printf "%.2f", a/b}')
+            printf "| %s | %s | %s | %.0f | %s | %.0f |\n" "$size" "$mode" "$f" "$rps" "$ratio" "$p99"
+        done
+    done
+done
+
+echo
+echo "| 100k bodies, keep-alive, LARD | req/s | p99 µs |"
+echo "|---|---:|---:|"
+: > "$work/s.rps"; : > "$work/c.rps"; : > "$work/s.p99"; : > "$work/c.p99"
+for r in $(seq "$ROUNDS"); do
+    read -r a b < <(run_wrk $SWS 100k keepalive); echo "$a" >> "$work/s.rps"; echo "$b" >> "$work/s.p99"
+    read -r a b < <(run_wrk $SWP 100k keepalive); echo "$a" >> "$work/c.rps"; echo "$b" >> "$work/c.p99"
+done
+printf "| splice(2) through a pipe (splice_min_bytes = 1) | %.0f | %.0f |\n" "$(median < "$work/s.rps")" "$(median < "$work/s.p99")"
+printf "| copy loop, 64 KiB buffer (splice_min_bytes = 0) | %.0f | %.0f |\n" "$(median < "$work/c.rps")" "$(median < "$work/c.p99")"

@@ -1,0 +1,388 @@
+//! `[switch]` configuration and the flags of `switchyard switch` (the same keys).
+
+use std::fmt;
+use std::net::SocketAddr;
+
+use serde::de::{self, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+use switchyard_policy::{PolicyConfig, PolicyKind};
+
+use crate::SwitchError;
+
+/// One back-end node: its address and, optionally, a weight and its own in-flight cap.
+///
+/// In the config file a node is either an address string (`"127.0.0.1:8081"`) or a table
+/// (`{ addr = "127.0.0.1:8081", weight = 2, max_inflight = 64 }`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeEntry {
+    /// Where the node serves HTTP.
+    pub addr: SocketAddr,
+    /// Relative weight for `wrr` and `chash` (default 1).
+    pub weight: u32,
+    /// Requests in flight on this node at most; overrides `node_max_inflight`.
+    pub max_inflight: Option<u32>,
+}
+
+impl NodeEntry {
+    /// A node of weight 1 with the switch-wide in-flight cap.
+    pub fn new(addr: SocketAddr) -> Self {
+        NodeEntry {
+            addr,
+            weight: 1,
+            max_inflight: None,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for NodeEntry {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Table {
+            addr: SocketAddr,
+            #[serde(default = "one")]
+            weight: u32,
+            #[serde(default)]
+            max_inflight: Option<u32>,
+        }
+        fn one() -> u32 {
+            1
+        }
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = NodeEntry;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a node address \"IP:PORT\" or a table { addr, weight, max_inflight }")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<NodeEntry, E> {
+                s.trim()
+                    .parse()
+                    .map(NodeEntry::new)
+                    .map_err(|_| E::custom(format!("invalid node address `{s}` (want IP:PORT)")))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<NodeEntry, A::Error> {
+                let t = Table::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(NodeEntry {
+                    addr: t.addr,
+                    weight: t.weight,
+                    max_inflight: t.max_inflight,
+                })
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// The policy setting: a name (`policy = "lard"`) or a full `[switch.policy]` table with the
+/// keys of [`PolicyConfig`] (`name`, `l_idle`, `eps`, `classes`, ...).
+fn de_policy<'de, D: Deserializer<'de>>(d: D) -> Result<PolicyConfig, D::Error> {
+    struct V;
+    impl<'de> Visitor<'de> for V {
+        type Value = PolicyConfig;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a policy name or a policy table")
+        }
+        fn visit_str<E: de::Error>(self, s: &str) -> Result<PolicyConfig, E> {
+            s.parse::<PolicyKind>()
+                .map(PolicyConfig::new)
+                .map_err(E::custom)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<PolicyConfig, A::Error> {
+            PolicyConfig::deserialize(de::value::MapAccessDeserializer::new(map))
+        }
+    }
+    d.deserialize_any(V)
+}
+
+/// Configuration of the switch (`[switch]` in the config file). Every key has a default; `nodes`
+/// must not be empty when the switch starts.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SwitchConfig {
+    /// Address clients connect to (`--listen`).
+    pub listen: SocketAddr,
+    /// The back-end nodes (`--node`, repeatable). Node ids are their positions in this list.
+    pub nodes: Vec<NodeEntry>,
+    /// Dispatching policy: a name (`rr wrr lc chash lard lard-r ext-lard cap`, `--policy`) or a
+    /// table with the policy's settings. Default `lard`.
+    #[serde(deserialize_with = "de_policy")]
+    pub policy: PolicyConfig,
+    /// Admin listener: `/metrics`, `/healthz`, `/status.json` (`--admin`); none if unset.
+    pub admin: Option<SocketAddr>,
+    /// UDP address on which nodes push their load reports (`--report-listen`); none if unset.
+    /// Nodes send to it when their `report_to` names it.
+    pub report_listen: Option<SocketAddr>,
+    /// Worker threads of the binary's runtime; 0 = one per core (`--workers`).
+    pub workers: usize,
+    /// Client connections open at once; a connection beyond it is answered 503 and closed
+    /// (`--max-connections`).
+    pub max_connections: usize,
+    /// Requests in flight on one node at most, 0 = no cap (`--node-max-inflight`). A node at its
+    /// cap is not chosen; when every node is at its cap requests wait in the queue.
+    pub node_max_inflight: u32,
+    /// Requests that may wait for a node at once; beyond it they are answered 503.
+    pub queue_max: usize,
+    /// Longest wait in the queue before a 503.
+    pub queue_timeout_ms: u64,
+    /// `Retry-After` seconds sent with a 503.
+    pub retry_after_secs: u32,
+    /// Time for a client to send a whole request head (and body); 408 after that.
+    pub header_timeout_ms: u64,
+    /// Idle keep-alive client connections close after this long.
+    pub idle_timeout_ms: u64,
+    /// A client that takes no response bytes for this long is dropped.
+    pub send_timeout_ms: u64,
+    /// Time to open a connection to a node.
+    pub connect_timeout_ms: u64,
+    /// Time for a node to start its response (and between body reads); then 504.
+    pub node_timeout_ms: u64,
+    /// Longest request line; longer ones are answered 414.
+    pub max_request_line: usize,
+    /// Largest request head; larger ones are answered 431.
+    pub max_head_bytes: usize,
+    /// Largest request body; larger ones are answered 413.
+    pub max_body_bytes: u64,
+    /// Largest response head accepted from a node; larger ones are answered 502.
+    pub max_response_head_bytes: usize,
+    /// Idle persistent connections kept per node.
+    pub pool_max_idle: usize,
+    /// Path fetched by the active health check; any status below 500 is healthy.
+    pub health_path: String,
+    /// Time between health checks of a node, 0 = no active checks.
+    pub health_interval_ms: u64,
+    /// Time allowed for one health check.
+    pub health_timeout_ms: u64,
+    /// Consecutive failures (checks or failed node connections) that take a node out.
+    pub health_fall: u32,
+    /// Consecutive successful checks that bring a node back.
+    pub health_rise: u32,
+    /// Times an idempotent request without a body that failed on a node before any response
+    /// byte reached the client is retried on another node.
+    pub retries: u32,
+    /// Response bodies with at least this many bytes still to come are moved node → client with
+    /// splice(2) through a pipe; smaller ones with a copy loop. 0 = never splice.
+    pub splice_min_bytes: u64,
+    /// Add the client's address to `X-Forwarded-For` on forwarded requests.
+    pub forwarded_for: bool,
+}
+
+impl Default for SwitchConfig {
+    fn default() -> Self {
+        SwitchConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8000)),
+            nodes: Vec::new(),
+            policy: PolicyConfig::new(PolicyKind::Lard),
+            admin: None,
+            report_listen: None,
+            workers: 0,
+            max_connections: 65_536,
+            node_max_inflight: 0,
+            queue_max: 4096,
+            queue_timeout_ms: 5_000,
+            retry_after_secs: 1,
+            header_timeout_ms: 10_000,
+            idle_timeout_ms: 60_000,
+            send_timeout_ms: 60_000,
+            connect_timeout_ms: 2_000,
+            node_timeout_ms: 30_000,
+            max_request_line: 8 * 1024,
+            max_head_bytes: 16 * 1024,
+            max_body_bytes: 1024 * 1024,
+            max_response_head_bytes: 32 * 1024,
+            pool_max_idle: 1024,
+            health_path: "/".to_owned(),
+            health_interval_ms: 1_000,
+            health_timeout_ms: 1_000,
+            health_fall: 3,
+            health_rise: 2,
+            retries: 1,
+            splice_min_bytes: 64 * 1024,
+            forwarded_for: true,
+        }
+    }
+}
+
+impl SwitchConfig {
+    /// A config for `nodes` with every other key at its default.
+    pub fn with_nodes(nodes: &[SocketAddr]) -> Self {
+        SwitchConfig {
+            nodes: nodes.iter().copied().map(NodeEntry::new).collect(),
+            ..SwitchConfig::default()
+        }
+    }
+
+    /// Checks ranges and consistency; the policy settings too.
+    pub fn validate(&self) -> Result<(), SwitchError> {
+        let bad = |m: &str| Err(SwitchError::Config(m.to_owned()));
+        if self.nodes.is_empty() {
+            return bad("no nodes: pass --node ADDR (repeatable) or set [switch] nodes");
+        }
+        for (i, n) in self.nodes.iter().enumerate() {
+            if self.nodes[..i].iter().any(|m| m.addr == n.addr) {
+                return Err(SwitchError::Config(format!("node {} listed twice", n.addr)));
+            }
+        }
+        if self.max_connections == 0 || self.max_connections > (u32::MAX >> 3) as usize {
+            return bad("max_connections must be positive");
+        }
+        if self.header_timeout_ms == 0
+            || self.idle_timeout_ms == 0
+            || self.send_timeout_ms == 0
+            || self.connect_timeout_ms == 0
+            || self.node_timeout_ms == 0
+            || self.health_timeout_ms == 0
+        {
+            return bad("timeouts must be positive");
+        }
+        if self.health_fall == 0 || self.health_rise == 0 {
+            return bad("health_fall and health_rise must be at least 1");
+        }
+        if !self.health_path.starts_with('/')
+            || self.health_path.bytes().any(|b| b <= b' ' || b == 0x7f)
+        {
+            return bad("health_path must be an absolute path without spaces or controls");
+        }
+        if self.max_request_line < 16 || self.max_head_bytes < self.max_request_line {
+            return bad("max_request_line must be >= 16 and max_head_bytes >= max_request_line");
+        }
+        if self.max_response_head_bytes < 256 {
+            return bad("max_response_head_bytes must be at least 256");
+        }
+        switchyard_policy::build(&self.policy)
+            .map(drop)
+            .map_err(|e| SwitchError::Config(e.to_string()))
+    }
+}
+
+/// Flags of `switchyard switch`; each overrides the `[switch]` key of the same name.
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct SwitchArgs {
+    /// Address clients connect to.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// A back-end node address (repeatable); replaces the config's node list.
+    #[arg(long = "node", value_name = "ADDR")]
+    pub nodes: Vec<SocketAddr>,
+    /// Dispatching policy: rr, wrr, lc, chash, lard, lard-r, ext-lard or cap.
+    #[arg(long)]
+    pub policy: Option<PolicyKind>,
+    /// Admin listener address (/metrics, /healthz, /status.json).
+    #[arg(long)]
+    pub admin: Option<SocketAddr>,
+    /// UDP address on which nodes push load reports.
+    #[arg(long)]
+    pub report_listen: Option<SocketAddr>,
+    /// Worker threads (0: one per core).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Client connections open at once; more are answered 503.
+    #[arg(long)]
+    pub max_connections: Option<usize>,
+    /// Requests in flight on one node at most (0: no cap).
+    #[arg(long)]
+    pub node_max_inflight: Option<u32>,
+    /// Seconds to let open connections finish on SIGTERM/SIGINT.
+    #[arg(long, default_value_t = 10)]
+    pub drain_secs: u64,
+}
+
+impl SwitchArgs {
+    /// Apply the flags over a configuration from the file (or defaults). A `--policy` name keeps
+    /// the file's other policy settings.
+    pub fn merge(&self, mut cfg: SwitchConfig) -> SwitchConfig {
+        if let Some(v) = self.listen {
+            cfg.listen = v;
+        }
+        if !self.nodes.is_empty() {
+            cfg.nodes = self.nodes.iter().copied().map(NodeEntry::new).collect();
+        }
+        if let Some(p) = self.policy {
+            cfg.policy.name = p;
+        }
+        if let Some(v) = self.admin {
+            cfg.admin = Some(v);
+        }
+        if let Some(v) = self.report_listen {
+            cfg.report_listen = Some(v);
+        }
+        if let Some(v) = self.workers {
+            cfg.workers = v;
+        }
+        if let Some(v) = self.max_connections {
+            cfg.max_connections = v;
+        }
+        if let Some(v) = self.node_max_inflight {
+            cfg.node_max_inflight = v;
+        }
+        cfg
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_keys_nodes_and_policy_forms() {
+        let cfg: SwitchConfig = toml::from_str(
+            r#"
+            listen = "127.0.0.1:9000"
+            nodes = ["127.0.0.1:1", { addr = "127.0.0.1:2", weight = 3, max_inflight = 7 }]
+            policy = "chash"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(cfg.nodes.len(), 2);
+        assert_eq!(cfg.nodes[1].weight, 3);
+        assert_eq!(cfg.nodes[1].max_inflight, Some(7));
+        assert_eq!(cfg.policy.name, PolicyKind::Chash);
+        assert_eq!(cfg.health_path, "/");
+        cfg.validate().unwrap();
+
+        let cfg: SwitchConfig =
+            toml::from_str("nodes = [\"127.0.0.1:1\"]\n[policy]\nname = \"lard-r\"\nl_idle = 10\n")
+                .unwrap();
+        assert_eq!(cfg.policy.name, PolicyKind::LardR);
+        assert_eq!(cfg.policy.l_idle, 10);
+    }
+
+    #[test]
+    fn bad_keys_and_values_are_clear_errors() {
+        let e = toml::from_str::<SwitchConfig>("polcy = \"rr\"").unwrap_err();
+        assert!(e.to_string().contains("polcy"), "{e}");
+        let e = toml::from_str::<SwitchConfig>("policy = \"fastest\"").unwrap_err();
+        assert!(e.to_string().contains("unknown policy"), "{e}");
+        let e = toml::from_str::<SwitchConfig>("nodes = [\"nohost\"]").unwrap_err();
+        assert!(e.to_string().contains("nohost"), "{e}");
+        let e = toml::from_str::<SwitchConfig>("nodes = [{ addr = \"127.0.0.1:1\", w = 1 }]")
+            .unwrap_err();
+        assert!(e.to_string().contains('w'), "{e}");
+        assert!(SwitchConfig::default().validate().is_err());
+        let mut c = SwitchConfig::with_nodes(&["127.0.0.1:1".parse().unwrap(); 2]);
+        assert!(c.validate().is_err());
+        c.nodes.pop();
+        c.health_path = "no-slash".into();
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let file = SwitchConfig {
+            nodes: vec![NodeEntry::new("127.0.0.1:1".parse().unwrap())],
+            ..SwitchConfig::default()
+        };
+        let args = SwitchArgs {
+            nodes: vec![
+                "127.0.0.1:5".parse().unwrap(),
+                "127.0.0.1:6".parse().unwrap(),
+            ],
+            policy: Some(PolicyKind::Rr),
+            max_connections: Some(9),
+            ..SwitchArgs::default()
+        };
+        let c = args.merge(file);
+        assert_eq!(c.nodes.len(), 2);
+        assert_eq!(c.policy.name, PolicyKind::Rr);
+        assert_eq!(c.max_connections, 9);
+    }
+}

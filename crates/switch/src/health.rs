@@ -1,0 +1,130 @@
+//! Active health checks: every `health_interval_ms`, `GET health_path` on a new connection to the
+//! node; any status below 500 within `health_timeout_ms` is a success. `health_fall` consecutive
+//! failures (failed relayed requests count too) take the node out, `health_rise` consecutive
+//! successes bring it back.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::backend::Backend;
+use crate::Shared;
+
+/// Check `b` until it leaves the configuration or the switch stops.
+pub(crate) async fn run(shared: Arc<Shared>, b: Arc<Backend>) {
+    let mut stop = shared.stop.clone();
+    loop {
+        let cfg = shared.current().cfg.clone();
+        let interval = match cfg.health_interval_ms {
+            // No active checks: look again later in case a reload turns them on.
+            0 => Duration::from_secs(1),
+            ms => Duration::from_millis(ms),
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = stop.changed() => return,
+        }
+        if b.retired.load(Relaxed) || *stop.borrow() {
+            return;
+        }
+        if cfg.health_interval_ms == 0 {
+            if !b.is_up() {
+                shared.mark_up(&b);
+            }
+            continue;
+        }
+        let ok = check(
+            b.addr,
+            &cfg.health_path,
+            Duration::from_millis(cfg.health_timeout_ms),
+        )
+        .await;
+        shared.metrics.health_checks.fetch_add(1, Relaxed);
+        if ok {
+            b.fails.store(0, Relaxed);
+            if !b.is_up() {
+                let rises = b.rises.fetch_add(1, Relaxed) + 1;
+                if rises >= cfg.health_rise {
+                    shared.mark_up(&b);
+                }
+            }
+        } else {
+            shared.metrics.health_failures.fetch_add(1, Relaxed);
+            b.rises.store(0, Relaxed);
+            let fails = b.fails.fetch_add(1, Relaxed) + 1;
+            tracing::debug!(node = %b.addr, fails, "health check failed");
+            if fails >= cfg.health_fall {
+                shared.mark_down(&b, "health check");
+            }
+        }
+    }
+}
+
+/// One health check: true when the node answers `path` with a status below 500 in time.
+pub(crate) async fn check(addr: SocketAddr, path: &str, limit: Duration) -> bool {
+    let probe = async {
+        let mut s = TcpStream::connect(addr).await?;
+        let req = format!(
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: switchyard-health\r\nConnection: close\r\n\r\n"
+        );
+        s.write_all(req.as_bytes()).await?;
+        let mut buf = Vec::with_capacity(512);
+        loop {
+            let mut headers = [httparse::EMPTY_HEADER; 64];
+            let mut r = httparse::Response::new(&mut headers);
+            match r.parse(&buf) {
+                Ok(httparse::Status::Complete(_)) => return Ok(r.code.unwrap_or(599)),
+                Ok(httparse::Status::Partial) if buf.len() < 16 * 1024 => {}
+                _ => return Ok(599),
+            }
+            if s.read_buf(&mut buf).await? == 0 {
+                return Ok::<u16, std::io::Error>(599);
+            }
+        }
+    };
+    matches!(tokio::time::timeout(limit, probe).await, Ok(Ok(code)) if code < 500)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    async fn server(answer: &'static [u8]) -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let a = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let mut b = [0u8; 1024];
+                let _ = s.read(&mut b).await;
+                let _ = s.write_all(answer).await;
+            }
+        });
+        a
+    }
+
+    #[tokio::test]
+    async fn statuses_below_500_are_healthy() {
+        let t = Duration::from_secs(2);
+        let a = server(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n").await;
+        assert!(check(a, "/", t).await);
+        let a = server(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n").await;
+        assert!(!check(a, "/", t).await);
+        let a = server(b"garbage\r\n\r\n").await;
+        assert!(!check(a, "/", t).await);
+        // Nobody listening.
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let a = l.local_addr().unwrap();
+        drop(l);
+        assert!(!check(a, "/", t).await);
+        // Accepts but never answers: the timeout decides.
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let a = l.local_addr().unwrap();
+        assert!(!check(a, "/", Duration::from_millis(100)).await);
+        drop(l);
+    }
+}

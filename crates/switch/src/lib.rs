@@ -1,0 +1,606 @@
+//! `switchyard switch`: the layer-7 web switch that makes a set of nodes look like one web
+//! server.
+//!
+//! The switch accepts client connections, parses every request with the same parser the nodes
+//! use (`switchyard-http`, so both sides read message length the same way), asks the dispatching
+//! policy (`switchyard-policy`) which node serves it — per request, also for the second and later
+//! requests of a keep-alive connection — and relays the request to that node over a pooled
+//! persistent connection and the response back (the two-way, TCP-gateway mechanism of seed 002).
+//!
+//! # The path of one request
+//!
+//! 1. **Accept** ([`start`], `accept_loop`). One accept loop per worker thread on a listener with
+//!    a deep accept queue. Beyond `max_connections` open client connections a new one is
+//!    answered `503` with `Retry-After` and closed (seed 002 §2.2: refused at accept).
+//! 2. **Parse** (`relay.rs`, `Client::next_head`). As in the node: an idle connection holds no
+//!    buffers; the head must arrive within `header_timeout_ms` (408), limits give 414/431/413,
+//!    every request-smuggling shape is 400, and the connection closes after an error.
+//! 3. **Select** (`Client::choose`). The policy is asked under a mutex with the time since the
+//!    switch started. A node is never chosen when it is down or at its in-flight cap; when every
+//!    node is saturated the request waits in a bounded queue (`queue_max`, `queue_timeout_ms`)
+//!    and is answered `503` + `Retry-After` if none frees up.
+//! 4. **Forward** (`Client::exchange`). An idle pooled connection to the node is taken (one the
+//!    node closed meanwhile is recognised without a system call and dropped) or a new one opened;
+//!    the request head goes out with only hop-by-hop fields changed (`Connection`, `Keep-Alive`,
+//!    ... removed, `X-Forwarded-For` appended, `Connection: keep-alive` for HTTP/1.0), then the
+//!    body (`Content-Length`, or chunked checked by the strict decoder and forwarded as is).
+//! 5. **Relay the response**. The node's head is parsed strictly ([`response`]) and rewritten
+//!    for the client; the body follows by its framing. Large bodies move node → pipe → client with
+//!    splice(2) (`splice_min_bytes`), smaller ones through a buffer. A node connection goes back
+//!    to the pool only when its response was read completely.
+//! 6. **Account**: `post_request` to the policy, per-node counters, the relay histogram; then
+//!    the next request on the connection. Pipelined requests are handled one after the other, so
+//!    they are answered in order.
+//!
+//! # Failures, health and load
+//!
+//! An idempotent request without a body that fails on a node before any response byte reached
+//! the client is retried on another node (`retries`); a pooled connection that turns out closed
+//! is replaced by a fresh one to the same node. Active health checks (`GET health_path`, any
+//! status below 500 is healthy, `health_fall` / `health_rise`) and failed node connections take a
+//! node out (`node_down`: its targets are re-assigned) and bring it back. Nodes may push load
+//! reports (active connections, disk queue, cache counts) over UDP to `report_listen` on each
+//! connection event — the distributed load monitor of seed 004 §2.2; the switch's own in-flight
+//! count is the centralized one.
+//!
+//! # Operating it
+//!
+//! [`RunningSwitch::reload`] swaps in a new configuration (nodes, policy, limits) without closing
+//! a client connection: requests in flight finish on the state they started with, nodes that stay
+//! keep their pools and counters. [`RunningSwitch::shutdown`] stops accepting, closes idle client
+//! connections, lets busy ones finish their response with `Connection: close` and waits up to a
+//! grace period. Metrics (Prometheus, `/metrics` on the admin listener) are listed in
+//! [`metrics`]; `/status.json` shows the nodes and the policy.
+
+pub mod config;
+pub mod metrics;
+pub mod response;
+
+mod backend;
+mod health;
+mod relay;
+mod report;
+mod splice;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use prometheus_client::registry::Registry;
+use switchyard_admin::{Admin, Page};
+use switchyard_http::request::Limits;
+use switchyard_policy::{NodeId, NodeSpec, Policy};
+use thiserror::Error;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Notify, Semaphore};
+use tokio::task::JoinHandle;
+
+use crate::backend::Backend;
+pub use crate::config::{NodeEntry, SwitchArgs, SwitchConfig};
+pub use crate::metrics::SwitchMetrics;
+
+/// Errors that stop the switch from starting or a reload from taking effect.
+#[derive(Debug, Error)]
+pub enum SwitchError {
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The configuration is unusable.
+    #[error("invalid switch configuration: {0}")]
+    Config(String),
+    /// A key that cannot change while running was changed in a reload.
+    #[error("`{0}` cannot change on reload; restart the switch")]
+    NotReloadable(&'static str),
+    /// The admin listener could not start.
+    #[error(transparent)]
+    Admin(#[from] switchyard_admin::AdminError),
+}
+
+/// Timeouts of one configuration, as durations.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Timeouts {
+    pub header: Duration,
+    pub idle: Duration,
+    pub send: Duration,
+    pub connect: Duration,
+    pub node: Duration,
+    pub queue: Duration,
+}
+
+/// One configuration in force: its nodes (node id = index) and its policy. A reload installs a
+/// new generation; connections and requests that hold the old one finish on it.
+pub(crate) struct Generation {
+    pub id: u64,
+    pub cfg: SwitchConfig,
+    pub limits: Limits,
+    pub t: Timeouts,
+    pub nodes: Vec<Arc<Backend>>,
+    pub policy: Mutex<Box<dyn Policy>>,
+}
+
+impl Generation {
+    /// The node id of `b` in this generation.
+    pub fn index_of(&self, b: &Backend) -> Option<usize> {
+        self.nodes.iter().position(|n| std::ptr::eq(&**n, b))
+    }
+}
+
+/// State shared by every task of one switch.
+pub(crate) struct Shared {
+    pub origin: Instant,
+    gen: RwLock<Arc<Generation>>,
+    next_gen: AtomicU64,
+    pub metrics: SwitchMetrics,
+    pub stop: watch::Receiver<bool>,
+    /// Signalled whenever a request finishes or a node comes up: queued requests try again.
+    pub freed: Notify,
+    pub queue_len: AtomicUsize,
+    pub next_conn: AtomicU64,
+    /// Client connection slots.
+    pub slots: Arc<Semaphore>,
+    /// Current number of slots in total.
+    pub slots_total: AtomicU32,
+    /// Small tasks answering connections over the cap.
+    pub refusing: AtomicUsize,
+    /// Health-check tasks started, one per backend.
+    health_tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("generation", &self.current().id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    /// The generation in force.
+    pub fn current(&self) -> Arc<Generation> {
+        self.gen.read().clone()
+    }
+
+    /// Time since the switch started, the policies' clock.
+    pub fn now(&self) -> Duration {
+        self.origin.elapsed()
+    }
+
+    /// Take a node out: the policy stops choosing it and re-assigns its targets.
+    pub fn mark_down(&self, b: &Backend, why: &str) {
+        if b.up.swap(false, Relaxed) {
+            b.rises.store(0, Relaxed);
+            b.clear_idle();
+            let g = self.current();
+            if let Some(i) = g.index_of(b) {
+                g.policy.lock().node_down(NodeId(i as u32), self.now());
+            }
+            self.metrics.node_transitions.fetch_add(1, Relaxed);
+            tracing::warn!(node = %b.addr, reason = why, "node down");
+        }
+    }
+
+    /// Bring a node back.
+    pub fn mark_up(&self, b: &Backend) {
+        if !b.up.swap(true, Relaxed) {
+            b.fails.store(0, Relaxed);
+            let g = self.current();
+            if let Some(i) = g.index_of(b) {
+                g.policy.lock().node_up(NodeId(i as u32), self.now());
+            }
+            self.metrics.node_transitions.fetch_add(1, Relaxed);
+            self.freed.notify_waiters();
+            tracing::info!(node = %b.addr, "node up");
+        }
+    }
+
+    /// A request on `b` failed because of the node. `unreachable`: the node refused or did
+    /// not answer a connection attempt. Takes the node out after `health_fall` consecutive
+    /// failures (at once when unreachable), when active checks can bring it back.
+    pub fn node_failed(&self, b: &Backend, unreachable: bool, cfg: &SwitchConfig) {
+        b.failures.fetch_add(1, Relaxed);
+        let fails = b.fails.fetch_add(1, Relaxed) + 1;
+        if cfg.health_interval_ms > 0 && (unreachable || fails >= cfg.health_fall) {
+            self.mark_down(
+                b,
+                if unreachable {
+                    "unreachable"
+                } else {
+                    "failures"
+                },
+            );
+        }
+    }
+
+    /// A request on `b` succeeded.
+    pub fn node_ok(&self, b: &Backend) {
+        if b.fails.load(Relaxed) != 0 {
+            b.fails.store(0, Relaxed);
+        }
+    }
+}
+
+/// A switch that is serving.
+pub struct RunningSwitch {
+    addr: SocketAddr,
+    admin_addr: Option<SocketAddr>,
+    report_addr: Option<SocketAddr>,
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    reload_lock: tokio::sync::Mutex<()>,
+}
+
+impl RunningSwitch {
+    /// The address clients connect to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The admin listener's address, if one was configured.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
+    }
+
+    /// The UDP address that receives node load reports, if one was configured.
+    pub fn report_addr(&self) -> Option<SocketAddr> {
+        self.report_addr
+    }
+
+    /// The switch's counters.
+    pub fn metrics(&self) -> &SwitchMetrics {
+        &self.shared.metrics
+    }
+
+    /// The policy's counters (a snapshot).
+    pub fn policy_stats(&self) -> switchyard_policy::PolicyStats {
+        self.shared.current().policy.lock().stats()
+    }
+
+    /// Install a new configuration without closing a client connection. Nodes, policy, limits,
+    /// timeouts, health checks, retries and `max_connections` take effect for requests that start
+    /// from now on; requests in flight finish on the old state. `listen`, `admin`,
+    /// `report_listen` and `workers` cannot change (an error says which). On an error nothing
+    /// changes.
+    pub async fn reload(&self, new: SwitchConfig) -> Result<(), SwitchError> {
+        let _serial = self.reload_lock.lock().await;
+        new.validate()?;
+        let old = self.shared.current();
+        if new.listen != old.cfg.listen {
+            return Err(SwitchError::NotReloadable("listen"));
+        }
+        if new.admin != old.cfg.admin {
+            return Err(SwitchError::NotReloadable("admin"));
+        }
+        if new.report_listen != old.cfg.report_listen {
+            return Err(SwitchError::NotReloadable("report_listen"));
+        }
+        if new.workers != old.cfg.workers {
+            return Err(SwitchError::NotReloadable("workers"));
+        }
+        let (gen, fresh) = build_generation(&self.shared, &new, Some(&old))?;
+        let gen = Arc::new(gen);
+        for b in &old.nodes {
+            if gen.index_of(b).is_none() {
+                b.retired.store(true, Relaxed);
+                b.clear_idle();
+            }
+        }
+        *self.shared.gen.write() = gen.clone();
+        // Health may have changed while the generation was built.
+        {
+            let mut p = gen.policy.lock();
+            for (i, b) in gen.nodes.iter().enumerate() {
+                if !b.is_up() {
+                    p.node_down(NodeId(i as u32), self.shared.now());
+                }
+            }
+        }
+        for b in fresh {
+            spawn_health(&self.shared, b);
+        }
+        resize_slots(&self.shared, old.cfg.max_connections, new.max_connections);
+        self.shared.metrics.reloads.fetch_add(1, Relaxed);
+        self.shared.freed.notify_waiters();
+        tracing::info!(
+            generation = gen.id,
+            nodes = gen.nodes.len(),
+            policy = %gen.cfg.policy.name,
+            "configuration reloaded"
+        );
+        Ok(())
+    }
+
+    /// Stop accepting, close idle client connections, let busy ones finish their current
+    /// response (with `Connection: close`), and wait for them up to `grace`.
+    pub async fn shutdown(self, grace: Duration) {
+        let _ = self.stop.send(true);
+        for t in &self.tasks {
+            t.abort();
+        }
+        for t in self.shared.health_tasks.lock().iter() {
+            t.abort();
+        }
+        let all = self.shared.slots_total.load(Relaxed);
+        let _ = tokio::time::timeout(grace, self.shared.slots.acquire_many(all)).await;
+        let g = self.shared.current();
+        g.policy.lock().shutdown();
+        for b in &g.nodes {
+            b.clear_idle();
+        }
+        tracing::info!("switch stopped");
+    }
+}
+
+fn resize_slots(shared: &Shared, old: usize, new: usize) {
+    if new > old {
+        shared.slots.add_permits(new - old);
+        shared.slots_total.fetch_add((new - old) as u32, Relaxed);
+    } else if new < old {
+        // Only free slots can be withdrawn; busy ones stay until the next reload or restart.
+        let gone = shared.slots.forget_permits(old - new);
+        shared.slots_total.fetch_sub(gone as u32, Relaxed);
+    }
+}
+
+fn limits(cfg: &SwitchConfig) -> Limits {
+    Limits {
+        max_request_line: cfg.max_request_line,
+        max_head_bytes: cfg.max_head_bytes,
+        max_body_bytes: cfg.max_body_bytes,
+    }
+}
+
+fn timeouts(cfg: &SwitchConfig) -> Timeouts {
+    let ms = Duration::from_millis;
+    Timeouts {
+        header: ms(cfg.header_timeout_ms),
+        idle: ms(cfg.idle_timeout_ms),
+        send: ms(cfg.send_timeout_ms),
+        connect: ms(cfg.connect_timeout_ms),
+        node: ms(cfg.node_timeout_ms),
+        queue: ms(cfg.queue_timeout_ms),
+    }
+}
+
+/// Build a generation for `cfg`, reusing the backends of `old` with the same address. Returns
+/// the backends that are new (their health checks must start).
+fn build_generation(
+    shared: &Shared,
+    cfg: &SwitchConfig,
+    old: Option<&Generation>,
+) -> Result<(Generation, Vec<Arc<Backend>>), SwitchError> {
+    let mut nodes = Vec::with_capacity(cfg.nodes.len());
+    let mut fresh = Vec::new();
+    let mut specs = Vec::with_capacity(cfg.nodes.len());
+    for (i, e) in cfg.nodes.iter().enumerate() {
+        let reused = old.and_then(|g| g.nodes.iter().find(|b| b.addr == e.addr).cloned());
+        let b = match reused {
+            Some(b) => {
+                b.max_idle.store(cfg.pool_max_idle as u64, Relaxed);
+                b
+            }
+            None => {
+                let b = Arc::new(Backend::new(e.addr, cfg.pool_max_idle));
+                fresh.push(b.clone());
+                b
+            }
+        };
+        nodes.push(b);
+        let cap = e.max_inflight.or(match cfg.node_max_inflight {
+            0 => None,
+            n => Some(n),
+        });
+        let mut spec = NodeSpec::new(i as u32).with_weight(e.weight);
+        if let Some(c) = cap {
+            spec = spec.with_capacity(c);
+        }
+        specs.push(spec);
+    }
+    let mut policy =
+        switchyard_policy::build(&cfg.policy).map_err(|e| SwitchError::Config(e.to_string()))?;
+    let now = shared.now();
+    policy
+        .init(&specs, now)
+        .map_err(|e| SwitchError::Config(e.to_string()))?;
+    for (i, b) in nodes.iter().enumerate() {
+        if !b.is_up() {
+            policy.node_down(NodeId(i as u32), now);
+        }
+    }
+    Ok((
+        Generation {
+            id: shared.next_gen.fetch_add(1, Relaxed),
+            cfg: cfg.clone(),
+            limits: limits(cfg),
+            t: timeouts(cfg),
+            nodes,
+            policy: Mutex::new(policy),
+        },
+        fresh,
+    ))
+}
+
+fn spawn_health(shared: &Arc<Shared>, b: Arc<Backend>) {
+    let t = tokio::spawn(health::run(shared.clone(), b));
+    let mut tasks = shared.health_tasks.lock();
+    tasks.retain(|t| !t.is_finished());
+    tasks.push(t);
+}
+
+/// Bind the switch's listeners and start serving on the current tokio runtime.
+pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
+    cfg.validate()?;
+    let listener = switchyard_node::listen(cfg.listen).map_err(|source| SwitchError::Bind {
+        addr: cfg.listen,
+        source,
+    })?;
+    let addr = listener.local_addr().map_err(|source| SwitchError::Bind {
+        addr: cfg.listen,
+        source,
+    })?;
+    let (stop, stop_rx) = watch::channel(false);
+    let max = cfg.max_connections;
+    let placeholder = Generation {
+        id: 0,
+        cfg: cfg.clone(),
+        limits: limits(&cfg),
+        t: timeouts(&cfg),
+        nodes: Vec::new(),
+        policy: Mutex::new(
+            switchyard_policy::build(&cfg.policy)
+                .map_err(|e| SwitchError::Config(e.to_string()))?,
+        ),
+    };
+    let shared = Arc::new(Shared {
+        origin: Instant::now(),
+        gen: RwLock::new(Arc::new(placeholder)),
+        next_gen: AtomicU64::new(1),
+        metrics: SwitchMetrics::default(),
+        stop: stop_rx.clone(),
+        freed: Notify::new(),
+        queue_len: AtomicUsize::new(0),
+        next_conn: AtomicU64::new(1),
+        slots: Arc::new(Semaphore::new(max)),
+        slots_total: AtomicU32::new(max as u32),
+        refusing: AtomicUsize::new(0),
+        health_tasks: Mutex::new(Vec::new()),
+    });
+    let (gen, fresh) = build_generation(&shared, &cfg, None)?;
+    *shared.gen.write() = Arc::new(gen);
+    for b in fresh {
+        spawn_health(&shared, b);
+    }
+
+    let mut tasks = Vec::new();
+    let report_addr = match cfg.report_listen {
+        Some(a) => {
+            let sock = tokio::net::UdpSocket::bind(a)
+                .await
+                .map_err(|source| SwitchError::Bind { addr: a, source })?;
+            let bound = sock
+                .local_addr()
+                .map_err(|source| SwitchError::Bind { addr: a, source })?;
+            tasks.push(tokio::spawn(report::receive(
+                shared.clone(),
+                sock,
+                stop_rx.clone(),
+            )));
+            Some(bound)
+        }
+        None => None,
+    };
+    let admin_addr = match cfg.admin {
+        Some(a) => {
+            let mut registry = Registry::default();
+            metrics::register(&mut registry, shared.clone());
+            let admin_listener = Admin::bind(a).await?;
+            let bound = admin_listener
+                .local_addr()
+                .map_err(|source| SwitchError::Bind { addr: a, source })?;
+            let s = shared.clone();
+            let admin = Admin::new(registry).route(
+                "/status.json",
+                Arc::new(move || Page {
+                    content_type: "application/json",
+                    body: metrics::status_json(&s).into_bytes(),
+                }),
+            );
+            tasks.push(tokio::spawn(admin.serve(admin_listener, stop_rx.clone())));
+            Some(bound)
+        }
+        None => None,
+    };
+
+    let listener = Arc::new(listener);
+    let loops = match cfg.workers {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    for _ in 0..loops {
+        tasks.push(tokio::spawn(accept_loop(listener.clone(), shared.clone())));
+    }
+    tracing::info!(
+        %addr,
+        nodes = cfg.nodes.len(),
+        policy = %cfg.policy.name,
+        admin = ?admin_addr,
+        reports = ?report_addr,
+        "switch serving"
+    );
+    Ok(RunningSwitch {
+        addr,
+        admin_addr,
+        report_addr,
+        shared,
+        stop,
+        tasks,
+        reload_lock: tokio::sync::Mutex::new(()),
+    })
+}
+
+/// The answer to a connection over the cap.
+const REFUSE_503: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: 24\r\nRetry-After: 1\r\nConnection: close\r\n\r\n503 Service Unavailable\n";
+/// Most connections over the cap being answered at once; beyond it they are closed unanswered.
+const MAX_REFUSING: usize = 1024;
+
+async fn accept_loop(listener: Arc<TcpListener>, shared: Arc<Shared>) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        shared.metrics.connections_total.fetch_add(1, Relaxed);
+        let permit = match shared.slots.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                refuse(&shared, stream);
+                continue;
+            }
+        };
+        shared.metrics.connections_active.fetch_add(1, Relaxed);
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            relay::serve(shared.clone(), stream, peer).await;
+            shared.metrics.connections_active.fetch_sub(1, Relaxed);
+            drop(permit);
+        });
+    }
+}
+
+/// Answer a connection over the cap with 503 and close it, lingering briefly so that the answer
+/// is not destroyed by a reset.
+fn refuse(shared: &Arc<Shared>, stream: tokio::net::TcpStream) {
+    shared
+        .metrics
+        .count_rejection(metrics::Rejection::ConnectionLimit);
+    shared.metrics.count_status(503);
+    if shared.refusing.fetch_add(1, Relaxed) >= MAX_REFUSING {
+        shared.refusing.fetch_sub(1, Relaxed);
+        return;
+    }
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = stream;
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            stream.write_all(REFUSE_503).await?;
+            stream.shutdown().await?;
+            let mut scratch = [0u8; 1024];
+            while stream.read(&mut scratch).await? > 0 {}
+            Ok::<(), std::io::Error>(())
+        })
+        .await;
+        shared.refusing.fetch_sub(1, Relaxed);
+    });
+}

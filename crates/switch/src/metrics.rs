@@ -1,0 +1,511 @@
+//! The switch's Prometheus metrics and its `/status.json` page.
+//!
+//! Hot-path counters are plain atomics; a collector turns them, the per-node counters and the
+//! policy's own statistics into metric families when `/metrics` is scraped:
+//!
+//! | metric | labels | meaning |
+//! |---|---|---|
+//! | `switchyard_switch_requests_total` | `status` | responses sent to clients (relayed and the switch's own) |
+//! | `switchyard_switch_connections_total`, `_connections_active` | | client connections accepted, open |
+//! | `switchyard_switch_rejections_total` | `reason` | `connection_limit`, `queue_full`, `queue_timeout`, `no_node`, `bad_request` |
+//! | `switchyard_switch_retries_total` | | requests sent again to another node |
+//! | `switchyard_switch_queue_length` | | requests waiting for a node |
+//! | `switchyard_switch_timeouts_total` | | client header, idle and send timeouts |
+//! | `switchyard_switch_splice_bytes_total` | | response body bytes moved with splice(2) |
+//! | `switchyard_switch_reloads_total`, `_node_transitions_total` | | reloads, nodes going down or up |
+//! | `switchyard_switch_health_checks_total`, `_health_failures_total` | | active checks run, failed |
+//! | `switchyard_switch_load_reports_total`, `_load_reports_invalid_total` | | node load reports taken, refused |
+//! | `switchyard_switch_relay_seconds` | | histogram: request head parsed → response relayed |
+//! | `switchyard_switch_node_requests_total` | `node` | responses relayed from the node |
+//! | `switchyard_switch_node_bytes_total` | `node` | response bytes relayed from the node |
+//! | `switchyard_switch_node_active` | `node` | requests in flight on the node |
+//! | `switchyard_switch_node_failures_total` | `node` | failed connections and requests |
+//! | `switchyard_switch_node_connects_total` | `node` | connections opened to the node |
+//! | `switchyard_switch_node_pool_idle` | `node` | idle pooled connections |
+//! | `switchyard_switch_node_up` | `node` | 1 when the node may be chosen |
+//! | `switchyard_switch_node_targets`, `_node_load` | `node` | targets the policy maps to it, its load |
+//! | `switchyard_switch_node_reported_connections`, `_reported_disk_queue` | `node` | its last load report |
+//! | `switchyard_switch_policy_*_total` | `policy` | `decisions`, `rejections`, `reassignments`, `spills`, `forwards`, `evictions` |
+//! | `switchyard_switch_policy_targets_mapped`, `_replicas` | `policy` | mapped targets, extra replicas |
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::Shared;
+
+/// Why a request or connection was refused by the switch itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rejection {
+    /// More client connections than `max_connections`.
+    ConnectionLimit,
+    /// Every node saturated and the wait queue full.
+    QueueFull,
+    /// Every node saturated for longer than `queue_timeout_ms`.
+    QueueTimeout,
+    /// No node is up.
+    NoNode,
+    /// Malformed or oversized request.
+    BadRequest,
+}
+
+impl Rejection {
+    const ALL: [Rejection; 5] = [
+        Rejection::ConnectionLimit,
+        Rejection::QueueFull,
+        Rejection::QueueTimeout,
+        Rejection::NoNode,
+        Rejection::BadRequest,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rejection::ConnectionLimit => "connection_limit",
+            Rejection::QueueFull => "queue_full",
+            Rejection::QueueTimeout => "queue_timeout",
+            Rejection::NoNode => "no_node",
+            Rejection::BadRequest => "bad_request",
+        }
+    }
+}
+
+/// Counters of the switch.
+#[derive(Debug)]
+pub struct SwitchMetrics {
+    status: Box<[AtomicU64]>,
+    rejections: [AtomicU64; 5],
+    /// Client connections accepted.
+    pub connections_total: AtomicU64,
+    /// Client connections open.
+    pub connections_active: AtomicU64,
+    /// Requests sent again to another node.
+    pub retries: AtomicU64,
+    /// Client header, idle and send timeouts.
+    pub timeouts: AtomicU64,
+    /// Response body bytes moved with splice(2).
+    pub splice_bytes: AtomicU64,
+    /// Configuration reloads.
+    pub reloads: AtomicU64,
+    /// Nodes going down or coming up.
+    pub node_transitions: AtomicU64,
+    /// Active health checks run.
+    pub health_checks: AtomicU64,
+    /// Active health checks failed.
+    pub health_failures: AtomicU64,
+    /// Load reports applied.
+    pub reports: AtomicU64,
+    /// Datagrams that were not reports of a known node.
+    pub reports_invalid: AtomicU64,
+    /// Time from a parsed request head to its response relayed.
+    pub relay_seconds: Histogram,
+}
+
+impl Default for SwitchMetrics {
+    fn default() -> Self {
+        SwitchMetrics {
+            status: (0..600).map(|_| AtomicU64::new(0)).collect(),
+            rejections: Default::default(),
+            connections_total: AtomicU64::new(0),
+            connections_active: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
+            timeouts: AtomicU64::new(0),
+            splice_bytes: AtomicU64::new(0),
+            reloads: AtomicU64::new(0),
+            node_transitions: AtomicU64::new(0),
+            health_checks: AtomicU64::new(0),
+            health_failures: AtomicU64::new(0),
+            reports: AtomicU64::new(0),
+            reports_invalid: AtomicU64::new(0),
+            // 20 µs … ~20 s
+            relay_seconds: Histogram::new(exponential_buckets(0.000_02, 2.5, 16)),
+        }
+    }
+}
+
+impl SwitchMetrics {
+    /// Count one response with this status code.
+    pub fn count_status(&self, code: u16) {
+        if let Some(c) = self.status.get(code as usize) {
+            c.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Responses sent with `code` so far.
+    pub fn status_count(&self, code: u16) -> u64 {
+        self.status
+            .get(code as usize)
+            .map_or(0, |c| c.load(Relaxed))
+    }
+
+    /// Count a refusal.
+    pub fn count_rejection(&self, why: Rejection) {
+        self.rejections[why as usize].fetch_add(1, Relaxed);
+    }
+
+    /// Refusals for `why` so far.
+    pub fn rejections(&self, why: Rejection) -> u64 {
+        self.rejections[why as usize].load(Relaxed)
+    }
+}
+
+/// Register the switch's metrics into `registry`.
+pub(crate) fn register(registry: &mut Registry, shared: Arc<Shared>) {
+    registry.register(
+        "switchyard_switch_relay_seconds",
+        "Time from a parsed request head to its response relayed to the client",
+        shared.metrics.relay_seconds.clone(),
+    );
+    registry.register_collector(Box::new(SwitchCollector { shared }));
+}
+
+/// A per-node family: name, help, counter (else gauge), values by node.
+type NodeFamily = (&'static str, &'static str, bool, Vec<(String, u64)>);
+
+#[derive(Debug)]
+struct SwitchCollector {
+    shared: Arc<Shared>,
+}
+
+fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
+    let c = ConstCounter::new(v);
+    c.encode(enc.encode_descriptor(name, help, None, c.metric_type())?)
+}
+
+fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, v: i64) -> std::fmt::Result {
+    let g = ConstGauge::new(v);
+    g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)
+}
+
+/// A family with one label.
+fn labelled<I: IntoIterator<Item = (String, u64)>>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &str,
+    is_counter: bool,
+    values: I,
+) -> std::fmt::Result {
+    if is_counter {
+        let c = ConstCounter::new(0u64);
+        let mut f = enc.encode_descriptor(name, help, None, c.metric_type())?;
+        for (l, v) in values {
+            ConstCounter::new(v).encode(f.encode_family(&[(label, l)])?)?;
+        }
+    } else {
+        let g = ConstGauge::new(0i64);
+        let mut f = enc.encode_descriptor(name, help, None, g.metric_type())?;
+        for (l, v) in values {
+            ConstGauge::new(v as i64).encode(f.encode_family(&[(label, l)])?)?;
+        }
+    }
+    Ok(())
+}
+
+impl Collector for SwitchCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let m = &self.shared.metrics;
+        let statuses = m.status.iter().enumerate().filter_map(|(code, n)| {
+            let n = n.load(Relaxed);
+            (n > 0).then(|| (code.to_string(), n))
+        });
+        labelled(
+            &mut enc,
+            "switchyard_switch_requests",
+            "Responses sent to clients, by status code",
+            "status",
+            true,
+            statuses,
+        )?;
+        labelled(
+            &mut enc,
+            "switchyard_switch_rejections",
+            "Requests and connections refused by the switch, by reason",
+            "reason",
+            true,
+            Rejection::ALL
+                .iter()
+                .map(|r| (r.as_str().to_owned(), m.rejections(*r))),
+        )?;
+        let simple: [(&str, &str, u64); 11] = [
+            (
+                "switchyard_switch_connections",
+                "Client connections accepted",
+                m.connections_total.load(Relaxed),
+            ),
+            (
+                "switchyard_switch_retries",
+                "Requests sent again to another node",
+                m.retries.load(Relaxed),
+            ),
+            (
+                "switchyard_switch_timeouts",
+                "Client header, idle and send timeouts",
+                m.timeouts.load(Relaxed),
+            ),
+            (
+                "switchyard_switch_splice_bytes",
+                "Response body bytes moved with splice",
+                m.splice_bytes.load(Relaxed),
+            ),
+            (
+                "switchyard_switch_reloads",
+                "Configuration reloads",
+                m.reloads.load(Relaxed),
+            ),
+            (
+                "switchyard_switch_node_transitions",
+                "Nodes going down or coming up",
+                m.node_transitions.load(Relaxed),
+            ),
+            (
+                "switchyard_switch_health_checks",
+                "Active health checks run",
+                m.health_checks.load(Relaxed),
+            ),
+            (
+                "switchyard_switch_health_failures",
+                "Active health checks failed",
+                m.health_failures.load(Relaxed),
+            ),
+            (
+                "switchyard_switch_load_reports",
+                "Node load reports applied",
+                m.reports.load(Relaxed),
+            ),
+            (
+                "switchyard_switch_load_reports_invalid",
+                "Datagrams that were not reports of a known node",
+                m.reports_invalid.load(Relaxed),
+            ),
+            (
+                "switchyard_switch_policy_generation",
+                "Configuration generation in force",
+                self.shared.current().id,
+            ),
+        ];
+        for (name, help, v) in simple {
+            if name.ends_with("generation") {
+                gauge(&mut enc, name, help, v as i64)?;
+            } else {
+                counter(&mut enc, name, help, v)?;
+            }
+        }
+        gauge(
+            &mut enc,
+            "switchyard_switch_connections_active",
+            "Client connections open",
+            m.connections_active.load(Relaxed) as i64,
+        )?;
+        gauge(
+            &mut enc,
+            "switchyard_switch_queue_length",
+            "Requests waiting for a node",
+            self.shared.queue_len.load(Relaxed) as i64,
+        )?;
+
+        let g = self.shared.current();
+        let stats = g.policy.lock().stats();
+        let per_node = |f: &dyn Fn(usize) -> u64| -> Vec<(String, u64)> {
+            g.nodes
+                .iter()
+                .enumerate()
+                .map(|(i, b)| (b.label.clone(), f(i)))
+                .collect()
+        };
+        let node_families: [NodeFamily; 11] = [
+            (
+                "switchyard_switch_node_requests",
+                "Responses relayed from the node",
+                true,
+                per_node(&|i| g.nodes[i].requests.load(Relaxed)),
+            ),
+            (
+                "switchyard_switch_node_bytes",
+                "Response bytes relayed from the node",
+                true,
+                per_node(&|i| g.nodes[i].bytes.load(Relaxed)),
+            ),
+            (
+                "switchyard_switch_node_failures",
+                "Failed connections and requests on the node",
+                true,
+                per_node(&|i| g.nodes[i].failures.load(Relaxed)),
+            ),
+            (
+                "switchyard_switch_node_connects",
+                "Connections opened to the node",
+                true,
+                per_node(&|i| g.nodes[i].connects.load(Relaxed)),
+            ),
+            (
+                "switchyard_switch_node_active",
+                "Requests in flight on the node",
+                false,
+                per_node(&|i| g.nodes[i].active.load(Relaxed)),
+            ),
+            (
+                "switchyard_switch_node_pool_idle",
+                "Idle pooled connections to the node",
+                false,
+                per_node(&|i| g.nodes[i].idle_count() as u64),
+            ),
+            (
+                "switchyard_switch_node_up",
+                "1 when the node may be chosen",
+                false,
+                per_node(&|i| g.nodes[i].is_up() as u64),
+            ),
+            (
+                "switchyard_switch_node_targets",
+                "Targets the policy maps to the node",
+                false,
+                per_node(&|i| stats.nodes.get(i).map_or(0, |n| n.targets)),
+            ),
+            (
+                "switchyard_switch_node_load",
+                "Load the policy uses for the node",
+                false,
+                per_node(&|i| stats.nodes.get(i).map_or(0, |n| n.load.round() as u64)),
+            ),
+            (
+                "switchyard_switch_node_reported_connections",
+                "Open connections in the node's last load report",
+                false,
+                per_node(&|i| {
+                    g.nodes[i]
+                        .last_report
+                        .lock()
+                        .map_or(0, |r| u64::from(r.active_connections))
+                }),
+            ),
+            (
+                "switchyard_switch_node_reported_disk_queue",
+                "Disk queue in the node's last load report",
+                false,
+                per_node(&|i| {
+                    g.nodes[i]
+                        .last_report
+                        .lock()
+                        .map_or(0, |r| u64::from(r.disk_queue))
+                }),
+            ),
+        ];
+        for (name, help, is_counter, values) in node_families {
+            labelled(&mut enc, name, help, "node", is_counter, values)?;
+        }
+
+        let policy = stats.policy.to_owned();
+        let policy_families: [(&str, &str, bool, u64); 8] = [
+            (
+                "switchyard_switch_policy_decisions",
+                "Requests the policy placed",
+                true,
+                stats.decisions,
+            ),
+            (
+                "switchyard_switch_policy_rejections",
+                "Requests the policy could not place",
+                true,
+                stats.rejections,
+            ),
+            (
+                "switchyard_switch_policy_reassignments",
+                "Targets moved to another node",
+                true,
+                stats.reassignments,
+            ),
+            (
+                "switchyard_switch_policy_spills",
+                "Requests placed past their home node by the load bound",
+                true,
+                stats.spills,
+            ),
+            (
+                "switchyard_switch_policy_forwards",
+                "Requests served by back-end forwarding",
+                true,
+                stats.forwards,
+            ),
+            (
+                "switchyard_switch_policy_evictions",
+                "Targets dropped from the full mapping table",
+                true,
+                stats.evictions,
+            ),
+            (
+                "switchyard_switch_policy_targets_mapped",
+                "Targets mapped to at least one node",
+                false,
+                stats.targets_mapped,
+            ),
+            (
+                "switchyard_switch_policy_replicas",
+                "Extra target-to-node mappings beyond the first",
+                false,
+                stats.replicas,
+            ),
+        ];
+        for (name, help, is_counter, v) in policy_families {
+            labelled(
+                &mut enc,
+                name,
+                help,
+                "policy",
+                is_counter,
+                [(policy.clone(), v)],
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// `/status.json`: the nodes and the policy, for people and scripts.
+pub(crate) fn status_json(shared: &Shared) -> String {
+    let g = shared.current();
+    let stats = g.policy.lock().stats();
+    let m = &shared.metrics;
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        "{{\"generation\":{},\"policy\":\"{}\",\"connections_active\":{},\"queue_length\":{},\"retries\":{},\"policy_stats\":{{\"decisions\":{},\"rejections\":{},\"targets_mapped\":{},\"replicas\":{},\"reassignments\":{},\"spills\":{}}},\"nodes\":[",
+        g.id,
+        stats.policy,
+        m.connections_active.load(Relaxed),
+        shared.queue_len.load(Relaxed),
+        m.retries.load(Relaxed),
+        stats.decisions,
+        stats.rejections,
+        stats.targets_mapped,
+        stats.replicas,
+        stats.reassignments,
+        stats.spills,
+    );
+    for (i, b) in g.nodes.iter().enumerate() {
+        let ns = stats.nodes.get(i);
+        let _ = write!(
+            s,
+            "{}{{\"id\":{},\"addr\":\"{}\",\"up\":{},\"active\":{},\"requests\":{},\"bytes\":{},\"failures\":{},\"pool_idle\":{},\"targets\":{},\"load\":{}}}",
+            if i > 0 { "," } else { "" },
+            i,
+            b.addr,
+            b.is_up(),
+            b.active.load(Relaxed),
+            b.requests.load(Relaxed),
+            b.bytes.load(Relaxed),
+            b.failures.load(Relaxed),
+            b.idle_count(),
+            ns.map_or(0, |n| n.targets),
+            ns.map_or(0.0, |n| n.load),
+        );
+    }
+    s.push_str("]}");
+    s
+}

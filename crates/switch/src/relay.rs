@@ -1,0 +1,820 @@
+//! One client connection: parse each request, choose a node, relay request and response, loop.
+//!
+//! Like the node's connection loop, an idle client connection holds no buffers (it waits for
+//! readability first and allocates only when bytes arrive) and the work of one request is a
+//! separately boxed future, so thousands of idle keep-alive connections stay cheap.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Buf, BytesMut};
+use switchyard_http::chunked::ChunkedDecoder;
+use switchyard_http::request::{self, BodyFraming, ParseOutcome, RequestHead, Version};
+use switchyard_http::response::ResponseHead;
+use switchyard_policy::{ConnId, NodeId, Outcome, Reject, Request as PolicyRequest};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+use tokio::time::timeout_at;
+
+use crate::backend::Backend;
+use crate::metrics::Rejection;
+use crate::response::{self as resp, BodyLength};
+use crate::splice::{self, Deadlines, MoveError};
+use crate::{Generation, Shared};
+
+/// Response bytes buffered before they are written to the client.
+const FLUSH_AT: usize = 64 * 1024;
+/// Read size for node responses.
+const NODE_READ: usize = 16 * 1024;
+
+/// Why the connection loop ended.
+pub(crate) enum End {
+    /// Peer closed, idle timeout, shutdown while idle, or our close done.
+    Quiet,
+    /// Send this status and close.
+    Error(u16),
+    /// I/O failed; nothing more can be sent.
+    Broken,
+}
+
+/// How a request's exchange with a node failed.
+enum Fail {
+    /// Nothing reached the client. `retry`: the request may go to another node (the node failed
+    /// before sending anything usable); `status`: the answer otherwise (502 or 504).
+    Node { status: u16, retry: bool },
+    /// The client failed or sent a bad body; end the connection this way.
+    Client(End),
+    /// Part of the response reached the client; the connection must close.
+    Midway,
+}
+
+/// The chosen node for one attempt.
+struct Choice {
+    idx: usize,
+    /// The node the policy chose, to be given back with `post_request`.
+    policy_node: Option<NodeId>,
+}
+
+/// What a completed exchange produced.
+struct Exchanged {
+    status: u16,
+    bytes: u64,
+    /// The client connection may carry another request.
+    keep: bool,
+}
+
+struct Client {
+    shared: Arc<Shared>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    id: ConnId,
+    buf: BytesMut,
+    out: Vec<u8>,
+    /// The request as forwarded to the node; kept between pipelined requests, dropped when idle.
+    fwd: Vec<u8>,
+    /// The client's address as text for `X-Forwarded-For`, formatted once.
+    peer_ip: String,
+    /// The generation whose policy knows this connection.
+    gen: Option<Arc<Generation>>,
+    stop: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Serve one client connection until it closes.
+pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
+    let _ = stream.set_nodelay(true);
+    let id = ConnId(shared.next_conn.fetch_add(1, Relaxed));
+    let stop = shared.stop.clone();
+    let mut c = Client {
+        shared,
+        stream,
+        peer,
+        id,
+        buf: BytesMut::new(),
+        out: Vec::new(),
+        fwd: Vec::new(),
+        peer_ip: peer.ip().to_string(),
+        gen: None,
+        stop,
+    };
+    if let End::Error(status) = c.run().await {
+        Box::pin(c.fail(status)).await;
+    }
+    if let Some(g) = c.gen.take() {
+        g.policy.lock().connection_end(c.id, c.shared.now());
+    }
+}
+
+impl Client {
+    async fn run(&mut self) -> End {
+        let mut first = true;
+        loop {
+            let head = match self.next_head(first).await {
+                Ok(h) => h,
+                Err(e) => return e,
+            };
+            first = false;
+            if let Some(end) = Box::pin(self.handle(head)).await {
+                return end;
+            }
+        }
+    }
+
+    fn stopping(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    /// Parse the next request head, reading as needed.
+    async fn next_head(&mut self, first: bool) -> Result<RequestHead, End> {
+        let g = self.shared.current();
+        let limits = g.limits;
+        let t = g.t;
+        drop(g);
+        let mut deadline: Option<tokio::time::Instant> = None;
+        loop {
+            if !self.buf.is_empty() {
+                match request::parse(&self.buf, &limits) {
+                    Ok(ParseOutcome::Complete(h)) => return Ok(h),
+                    Ok(ParseOutcome::Partial) => {}
+                    Err(e) => {
+                        tracing::debug!(peer = %self.peer, error = %e, "bad request");
+                        self.shared.metrics.count_rejection(Rejection::BadRequest);
+                        return Err(End::Error(e.status()));
+                    }
+                }
+            }
+            if self.buf.is_empty() {
+                if self.stopping() {
+                    return Err(End::Quiet);
+                }
+                // Idle: release buffers, wait for the next request.
+                self.buf = BytesMut::new();
+                self.out = Vec::new();
+                self.fwd = Vec::new();
+                let wait = if first { t.header } else { t.idle };
+                let until = tokio::time::Instant::now() + wait;
+                // Readiness can be stale (the last read did not drain the
+                // socket to EAGAIN), so only real bytes or EOF end the wait;
+                // otherwise the task would block in a read that no longer
+                // watches for shutdown.
+                loop {
+                    tokio::select! {
+                        r = timeout_at(until, self.stream.readable()) => match r {
+                            Ok(Ok(())) => {}
+                            Ok(Err(_)) => return Err(End::Broken),
+                            Err(_) => {
+                                self.shared.metrics.timeouts.fetch_add(1, Relaxed);
+                                return Err(End::Quiet);
+                            }
+                        },
+                        _ = self.stop.changed() => return Err(End::Quiet),
+                    }
+                    self.buf.reserve(4096);
+                    match self.stream.try_read_buf(&mut self.buf) {
+                        Ok(0) => return Err(End::Quiet),
+                        Ok(_) => break,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            self.buf = BytesMut::new();
+                        }
+                        Err(_) => return Err(End::Broken),
+                    }
+                }
+                continue;
+            }
+            let until = *deadline.get_or_insert_with(|| tokio::time::Instant::now() + t.header);
+            match self.fill(until).await {
+                Ok(0) => {
+                    return Err(if self.buf.is_empty() {
+                        End::Quiet
+                    } else {
+                        End::Broken
+                    })
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                    self.shared.metrics.timeouts.fetch_add(1, Relaxed);
+                    return Err(if self.buf.is_empty() {
+                        End::Quiet
+                    } else {
+                        End::Error(408)
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => return Err(End::Broken),
+            }
+        }
+    }
+
+    /// Read whatever is available into `buf`, waiting until `until`.
+    async fn fill(&mut self, until: tokio::time::Instant) -> io::Result<usize> {
+        if self.buf.capacity() - self.buf.len() < 1024 {
+            self.buf.reserve(4096);
+        }
+        match timeout_at(until, self.stream.read_buf(&mut self.buf)).await {
+            Ok(r) => r,
+            Err(_) => Err(io::ErrorKind::TimedOut.into()),
+        }
+    }
+
+    /// Make `gen` the generation whose policy tracks this connection.
+    fn use_gen(&mut self, gen: &Arc<Generation>) {
+        match &self.gen {
+            Some(g) if g.id == gen.id => {}
+            _ => {
+                if let Some(old) = self.gen.replace(gen.clone()) {
+                    old.policy.lock().connection_end(self.id, self.shared.now());
+                }
+            }
+        }
+    }
+
+    /// Answer one request; `Some` ends the connection.
+    async fn handle(&mut self, head: RequestHead) -> Option<End> {
+        let mut fwd = std::mem::take(&mut self.fwd);
+        fwd.clear();
+        let end = self.forward(head, &mut fwd).await;
+        if fwd.capacity() <= 64 * 1024 {
+            self.fwd = fwd;
+        }
+        end
+    }
+
+    /// Forward one request (written into `fwd`) and relay its response.
+    async fn forward(&mut self, head: RequestHead, fwd: &mut Vec<u8>) -> Option<End> {
+        let started = Instant::now();
+        let gen = self.shared.current();
+        self.use_gen(&gen);
+        let http10 = head.version == Version::Http10;
+        let keep = head.keep_alive && !self.stopping();
+        let has_body = head.framing != BodyFraming::None;
+
+        let ip = gen.cfg.forwarded_for.then_some(self.peer_ip.as_str());
+        resp::forward_request_head(&self.buf[..head.head_len], http10, ip, fwd);
+        self.buf.advance(head.head_len);
+        if has_body && head.expect_continue {
+            // The switch answers the expectation itself and forwards the body it then gets.
+            if splice::write_all(&self.stream, b"HTTP/1.1 100 Continue\r\n\r\n", gen.t.send)
+                .await
+                .is_err()
+            {
+                return Some(End::Broken);
+            }
+        }
+
+        // The body is read whole (it is at most `max_body_bytes`) before a node is chosen: a
+        // malformed body never reaches a node, and the request can be sent again elsewhere.
+        if has_body {
+            if let Err(end) = self.read_body_into(&head, &gen, fwd).await {
+                return Some(end);
+            }
+        }
+
+        let preq = PolicyRequest {
+            conn: self.id,
+            method: &head.method_token,
+            host: head.host.as_deref(),
+            target: &head.target,
+            size_hint: None,
+        };
+        let retriable = head.method.is_idempotent();
+        let mut retries_left = gen.cfg.retries;
+        let mut excluded: Option<usize> = None;
+        loop {
+            let choice = match self.choose(&gen, &preq, excluded).await {
+                Ok(c) => c,
+                Err(reason) => {
+                    self.shared.metrics.count_rejection(reason);
+                    return self.local_error(&gen, 503, keep, &head).await;
+                }
+            };
+            let backend = gen.nodes[choice.idx].clone();
+            backend.active.fetch_add(1, Relaxed);
+            let r = self
+                .exchange(&gen, &backend, fwd, &head, keep, http10)
+                .await;
+            backend.active.fetch_sub(1, Relaxed);
+            let outcome = match &r {
+                Ok(x) => Outcome::ok(x.status, x.bytes, false),
+                Err(_) => Outcome::failed(),
+            };
+            if let Some(n) = choice.policy_node {
+                gen.policy
+                    .lock()
+                    .post_request(self.id, n, &outcome, self.shared.now());
+            }
+            self.shared.freed.notify_one();
+            match r {
+                Ok(x) => {
+                    self.shared.node_ok(&backend);
+                    backend.requests.fetch_add(1, Relaxed);
+                    backend.bytes.fetch_add(x.bytes, Relaxed);
+                    self.shared.metrics.count_status(x.status);
+                    self.shared
+                        .metrics
+                        .relay_seconds
+                        .observe(started.elapsed().as_secs_f64());
+                    return if x.keep { None } else { Some(End::Quiet) };
+                }
+                Err(Fail::Node { status, retry }) => {
+                    if retry && retriable && retries_left > 0 && gen.nodes.len() > 1 {
+                        retries_left -= 1;
+                        excluded = Some(choice.idx);
+                        self.shared.metrics.retries.fetch_add(1, Relaxed);
+                        tracing::debug!(node = %backend.addr, target = %head.target, "retrying on another node");
+                        continue;
+                    }
+                    return self.local_error(&gen, status, keep, &head).await;
+                }
+                Err(Fail::Client(end)) => return Some(end),
+                Err(Fail::Midway) => return Some(End::Broken),
+            }
+        }
+    }
+
+    /// Ask the policy for a node, waiting in the queue while every node is saturated.
+    async fn choose(
+        &self,
+        gen: &Generation,
+        preq: &PolicyRequest<'_>,
+        excluded: Option<usize>,
+    ) -> Result<Choice, Rejection> {
+        let sh = &self.shared;
+        let mut queued = false;
+        let deadline = tokio::time::Instant::now() + gen.t.queue;
+        let result = loop {
+            let notified = sh.freed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let now = sh.now();
+            let r = gen.policy.lock().select(preq, now);
+            match r {
+                Ok(d) => {
+                    let i = d.node().0 as usize;
+                    if Some(i) == excluded {
+                        if let Some(j) = alternative(gen, i) {
+                            gen.policy.lock().post_request(
+                                preq.conn,
+                                d.node(),
+                                &Outcome::failed(),
+                                now,
+                            );
+                            break Ok(Choice {
+                                idx: j,
+                                policy_node: None,
+                            });
+                        }
+                    }
+                    break Ok(Choice {
+                        idx: i,
+                        policy_node: Some(d.node()),
+                    });
+                }
+                Err(Reject::Overloaded) => {
+                    if !queued {
+                        if sh.queue_len.fetch_add(1, Relaxed) >= gen.cfg.queue_max {
+                            sh.queue_len.fetch_sub(1, Relaxed);
+                            break Err(Rejection::QueueFull);
+                        }
+                        queued = true;
+                    }
+                    if timeout_at(deadline, notified).await.is_err() {
+                        break Err(Rejection::QueueTimeout);
+                    }
+                }
+                Err(Reject::NoNode) => break Err(Rejection::NoNode),
+                Err(Reject::ShuttingDown) => break Err(Rejection::NoNode),
+            }
+        };
+        if queued {
+            sh.queue_len.fetch_sub(1, Relaxed);
+        }
+        result
+    }
+
+    /// Relay one request to `b` and its response back.
+    async fn exchange(
+        &mut self,
+        gen: &Generation,
+        b: &Backend,
+        fwd: &[u8],
+        head: &RequestHead,
+        keep: bool,
+        http10: bool,
+    ) -> Result<Exchanged, Fail> {
+        let t = gen.t;
+        // A pooled connection may have been closed by the node just as it is reused: the
+        // request then goes again on a new connection.
+        let mut pooled = b.take_idle();
+        loop {
+            let reused = pooled.is_some();
+            let node = match pooled.take() {
+                Some(s) => s,
+                None => match b.connect(t.connect).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!(node = %b.addr, error = %e, "cannot connect to node");
+                        self.shared.node_failed(b, true, &gen.cfg);
+                        let status = if e.kind() == io::ErrorKind::TimedOut {
+                            504
+                        } else {
+                            502
+                        };
+                        return Err(Fail::Node {
+                            status,
+                            retry: true,
+                        });
+                    }
+                },
+            };
+            if splice::write_all(&node, fwd, t.node).await.is_err() {
+                if reused {
+                    // A stale pooled connection: try again on a new one.
+                    continue;
+                }
+                self.shared.node_failed(b, false, &gen.cfg);
+                return Err(Fail::Node {
+                    status: 502,
+                    retry: true,
+                });
+            }
+            match self.relay_response(gen, b, node, head, keep, http10).await {
+                Err(Stale) if reused => continue,
+                Err(Stale) => {
+                    tracing::warn!(node = %b.addr, "node closed the connection without answering");
+                    self.shared.node_failed(b, false, &gen.cfg);
+                    return Err(Fail::Node {
+                        status: 502,
+                        retry: true,
+                    });
+                }
+                Ok(r) => return r,
+            }
+        }
+    }
+
+    /// Read the request body from the client and append it, as sent, to `fwd`.
+    async fn read_body_into(
+        &mut self,
+        head: &RequestHead,
+        gen: &Generation,
+        fwd: &mut Vec<u8>,
+    ) -> Result<(), End> {
+        let until = tokio::time::Instant::now() + gen.t.header;
+        match head.framing {
+            BodyFraming::None => Ok(()),
+            BodyFraming::Length(n) => {
+                fwd.reserve(n as usize);
+                let mut left = n;
+                loop {
+                    let take = (self.buf.len() as u64).min(left) as usize;
+                    fwd.extend_from_slice(&self.buf[..take]);
+                    self.buf.advance(take);
+                    left -= take as u64;
+                    if left == 0 {
+                        return Ok(());
+                    }
+                    self.read_body(until).await?;
+                }
+            }
+            BodyFraming::Chunked => {
+                let mut dec = ChunkedDecoder::new();
+                loop {
+                    let used = dec.decode(&self.buf, |_| {}).map_err(|e| {
+                        tracing::debug!(peer = %self.peer, error = %e, "bad chunked body");
+                        self.shared.metrics.count_rejection(Rejection::BadRequest);
+                        End::Error(400)
+                    })?;
+                    if dec.body_len() > gen.limits.max_body_bytes {
+                        self.shared.metrics.count_rejection(Rejection::BadRequest);
+                        return Err(End::Error(413));
+                    }
+                    fwd.extend_from_slice(&self.buf[..used]);
+                    self.buf.advance(used);
+                    if dec.is_done() {
+                        return Ok(());
+                    }
+                    self.read_body(until).await?;
+                }
+            }
+        }
+    }
+
+    async fn read_body(&mut self, until: tokio::time::Instant) -> Result<(), End> {
+        match self.fill(until).await {
+            Ok(0) => Err(End::Broken),
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                self.shared.metrics.timeouts.fetch_add(1, Relaxed);
+                Err(End::Error(408))
+            }
+            Err(_) => Err(End::Broken),
+        }
+    }
+
+    /// Read the node's response and relay it; a node connection whose response was read
+    /// completely goes back to the pool. `Err(Stale)`: the node closed the connection without
+    /// sending a byte.
+    async fn relay_response(
+        &mut self,
+        gen: &Generation,
+        b: &Backend,
+        mut node: TcpStream,
+        head: &RequestHead,
+        keep: bool,
+        http10: bool,
+    ) -> Result<Result<Exchanged, Fail>, Stale> {
+        let t = gen.t;
+        let is_head = head.method == switchyard_http::Method::Head;
+        let mut rbuf: Vec<u8> = Vec::with_capacity(NODE_READ);
+        let until = tokio::time::Instant::now() + t.node;
+        // Read the head (skipping interim 1xx responses, relayed to HTTP/1.1 clients).
+        let meta = loop {
+            match resp::parse(&rbuf, is_head, gen.cfg.max_response_head_bytes) {
+                Ok(Some(m)) if m.is_interim() => {
+                    if !http10 {
+                        let mut out = Vec::new();
+                        resp::client_response_head(&rbuf[..m.head_len], true, false, &mut out);
+                        if splice::write_all(&self.stream, &out, t.send).await.is_err() {
+                            return Ok(Err(Fail::Client(End::Broken)));
+                        }
+                    }
+                    rbuf.drain(..m.head_len);
+                    continue;
+                }
+                Ok(Some(m)) => break m,
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(node = %b.addr, error = %e, "bad response from node");
+                    self.shared.node_failed(b, false, &gen.cfg);
+                    return Ok(Err(Fail::Node {
+                        status: 502,
+                        retry: false,
+                    }));
+                }
+            }
+            if rbuf.capacity() - rbuf.len() < 1024 {
+                rbuf.reserve(NODE_READ);
+            }
+            match timeout_at(until, node.read_buf(&mut rbuf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) if rbuf.is_empty() => return Err(Stale),
+                Ok(Ok(0)) | Ok(Err(_)) => {
+                    self.shared.node_failed(b, false, &gen.cfg);
+                    return Ok(Err(Fail::Node {
+                        status: 502,
+                        retry: true,
+                    }));
+                }
+                Ok(Ok(_)) => {}
+                Err(_) => {
+                    tracing::warn!(node = %b.addr, target = %head.target, "node response timed out");
+                    self.shared.node_failed(b, false, &gen.cfg);
+                    return Ok(Err(Fail::Node {
+                        status: 504,
+                        retry: false,
+                    }));
+                }
+            }
+        };
+        if http10 && meta.body == BodyLength::Chunked {
+            self.shared.node_failed(b, false, &gen.cfg);
+            return Ok(Err(Fail::Node {
+                status: 502,
+                retry: false,
+            }));
+        }
+        // A drain that started while the node worked closes the connection after this response.
+        let client_keep = keep && meta.body != BodyLength::UntilClose && !self.stopping();
+        self.out.clear();
+        resp::client_response_head(&rbuf[..meta.head_len], client_keep, http10, &mut self.out);
+        let mut bytes = self.out.len() as u64;
+        let d = Deadlines {
+            node: t.node,
+            client: t.send,
+        };
+        let body = &rbuf[meta.head_len..];
+        let mut node_reusable = meta.keep_alive;
+        let result = match meta.body {
+            BodyLength::None => {
+                node_reusable &= body.is_empty();
+                self.flush(t).await
+            }
+            BodyLength::Length(n) => {
+                let have = (body.len() as u64).min(n) as usize;
+                node_reusable &= body.len() as u64 <= n;
+                self.out.extend_from_slice(&body[..have]);
+                bytes += n;
+                let rest = n - have as u64;
+                if rest == 0 {
+                    self.flush(t).await
+                } else {
+                    match self.flush(t).await {
+                        Err(f) => Err(f),
+                        Ok(()) => {
+                            let splice_min = gen.cfg.splice_min_bytes;
+                            let r = if splice_min > 0 && rest >= splice_min {
+                                self.shared.metrics.splice_bytes.fetch_add(rest, Relaxed);
+                                splice::splice_exact(&node, &self.stream, rest, d).await
+                            } else {
+                                splice::copy(&mut node, &self.stream, Some(rest), &mut rbuf, d)
+                                    .await
+                                    .map(drop)
+                            };
+                            r.map_err(|e| self.body_failed(b, gen, e))
+                        }
+                    }
+                }
+            }
+            BodyLength::Chunked => {
+                let mut dec = ChunkedDecoder::new();
+                let mut start = meta.head_len;
+                loop {
+                    let Ok(used) = dec.decode(&rbuf[start..], |_| {}) else {
+                        tracing::warn!(node = %b.addr, "bad chunked body from node");
+                        self.shared.node_failed(b, false, &gen.cfg);
+                        break Err(Fail::Midway);
+                    };
+                    self.out.extend_from_slice(&rbuf[start..start + used]);
+                    bytes += used as u64;
+                    start += used;
+                    if dec.is_done() {
+                        node_reusable &= start == rbuf.len();
+                        break self.flush(t).await;
+                    }
+                    if self.out.len() >= FLUSH_AT {
+                        if let Err(f) = self.flush(t).await {
+                            break Err(f);
+                        }
+                    }
+                    rbuf.clear();
+                    start = 0;
+                    rbuf.reserve(NODE_READ);
+                    let read = timeout_at(
+                        tokio::time::Instant::now() + t.node,
+                        node.read_buf(&mut rbuf),
+                    )
+                    .await;
+                    if !matches!(read, Ok(Ok(n)) if n > 0) {
+                        self.shared.node_failed(b, false, &gen.cfg);
+                        break Err(Fail::Midway);
+                    }
+                }
+            }
+            BodyLength::UntilClose => {
+                node_reusable = false;
+                self.out.extend_from_slice(body);
+                bytes += body.len() as u64;
+                match self.flush(t).await {
+                    Err(f) => Err(f),
+                    Ok(()) => match splice::copy(&mut node, &self.stream, None, &mut rbuf, d).await
+                    {
+                        Ok(n) => {
+                            bytes += n;
+                            Ok(())
+                        }
+                        Err(e) => Err(self.body_failed(b, gen, e)),
+                    },
+                }
+            }
+        };
+        match result {
+            Ok(()) => {
+                if node_reusable {
+                    b.put_idle(node);
+                }
+                Ok(Ok(Exchanged {
+                    status: meta.status,
+                    bytes,
+                    keep: client_keep,
+                }))
+            }
+            Err(f) => Ok(Err(f)),
+        }
+    }
+
+    fn body_failed(&self, b: &Backend, gen: &Generation, e: MoveError) -> Fail {
+        match e {
+            MoveError::Node(err) => {
+                tracing::warn!(node = %b.addr, error = %err, "node failed during a response body");
+                self.shared.node_failed(b, false, &gen.cfg);
+                Fail::Midway
+            }
+            MoveError::Client(e) => {
+                if e.kind() == io::ErrorKind::TimedOut {
+                    self.shared.metrics.timeouts.fetch_add(1, Relaxed);
+                }
+                Fail::Client(End::Broken)
+            }
+        }
+    }
+
+    /// Write what is pending to the client.
+    async fn flush(&mut self, t: crate::Timeouts) -> Result<(), Fail> {
+        let r = splice::write_all(&self.stream, &self.out, t.send).await;
+        self.out.clear();
+        r.map_err(|e| {
+            if e.kind() == io::ErrorKind::TimedOut {
+                self.shared.metrics.timeouts.fetch_add(1, Relaxed);
+            }
+            Fail::Client(End::Broken)
+        })
+    }
+
+    /// Answer a request with an error status produced by the switch itself.
+    async fn local_error(
+        &mut self,
+        gen: &Generation,
+        status: u16,
+        keep: bool,
+        head: &RequestHead,
+    ) -> Option<End> {
+        self.out.clear();
+        error_response(
+            &mut self.out,
+            status,
+            keep,
+            head.version == Version::Http10,
+            head.method != switchyard_http::Method::Head,
+            gen.cfg.retry_after_secs,
+        );
+        self.shared.metrics.count_status(status);
+        if self.flush(gen.t).await.is_err() {
+            return Some(End::Broken);
+        }
+        if keep {
+            None
+        } else {
+            self.linger().await;
+            Some(End::Quiet)
+        }
+    }
+
+    /// Send an error status and close, lingering so that the answer survives unread input.
+    async fn fail(&mut self, status: u16) {
+        let gen = self.shared.current();
+        self.out.clear();
+        error_response(
+            &mut self.out,
+            status,
+            false,
+            false,
+            true,
+            gen.cfg.retry_after_secs,
+        );
+        self.shared.metrics.count_status(status);
+        if self.flush(gen.t).await.is_ok() {
+            self.linger().await;
+        }
+    }
+
+    /// Close the sending side, then read and drop what the client still sends for a moment.
+    async fn linger(&mut self) {
+        use tokio::io::AsyncWriteExt;
+        let _ = self.stream.shutdown().await;
+        let until = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+        let mut scratch = [0u8; 4096];
+        let mut budget = 256 * 1024usize;
+        while budget > 0 {
+            match timeout_at(until, self.stream.read(&mut scratch)).await {
+                Ok(Ok(n)) if n > 0 => budget = budget.saturating_sub(n),
+                _ => break,
+            }
+        }
+    }
+}
+
+/// The node closed a connection without answering.
+struct Stale;
+
+/// Another node to retry on: the next one that is up after `failed`.
+fn alternative(gen: &Generation, failed: usize) -> Option<usize> {
+    let n = gen.nodes.len();
+    (1..n)
+        .map(|k| (failed + k) % n)
+        .find(|&j| gen.nodes[j].is_up())
+}
+
+/// A short text error response written by the switch.
+fn error_response(
+    out: &mut Vec<u8>,
+    status: u16,
+    keep: bool,
+    http10: bool,
+    with_body: bool,
+    retry_after: u32,
+) {
+    let reason = switchyard_http::status::reason(status);
+    let body = format!("{status} {reason}\n");
+    let mut h = ResponseHead::new(out, status)
+        .header("Server", "switchyard")
+        .header("Content-Type", "text/plain; charset=utf-8")
+        .content_length(body.len() as u64);
+    if status == 503 {
+        h = h.header_u64("Retry-After", u64::from(retry_after));
+    }
+    h.connection(keep, http10).finish();
+    if with_body {
+        out.extend_from_slice(body.as_bytes());
+    }
+}

@@ -1,0 +1,68 @@
+//! The switch side of the distributed load monitor: node load reports arrive as UDP datagrams
+//! (format in `switchyard_node::report`) and go to the policy's `load_report` hook.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use switchyard_node::report::Report;
+use switchyard_policy::{LoadReport, NodeId};
+use tokio::net::UdpSocket;
+use tokio::sync::watch;
+
+use crate::Shared;
+
+/// Receive reports until the switch stops.
+pub(crate) async fn receive(shared: Arc<Shared>, sock: UdpSocket, mut stop: watch::Receiver<bool>) {
+    let mut buf = [0u8; 1024];
+    loop {
+        let (n, from) = tokio::select! {
+            r = sock.recv_from(&mut buf) => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::debug!(error = %e, "load report receive failed");
+                    continue;
+                }
+            },
+            _ = stop.changed() => return,
+        };
+        match Report::decode(&buf[..n]) {
+            Some(r) => apply(&shared, &r, from),
+            None => {
+                shared.metrics.reports_invalid.fetch_add(1, Relaxed);
+                tracing::debug!(%from, "datagram is not a load report");
+            }
+        }
+    }
+}
+
+/// Hand one report to the policy of the generation in force.
+pub(crate) fn apply(shared: &Shared, r: &Report, from: SocketAddr) {
+    let g = shared.current();
+    let idx = r.listen.and_then(|l| {
+        g.nodes.iter().position(|b| b.addr == l).or_else(|| {
+            // A node on a wildcard address: its source IP with the port it serves on.
+            g.nodes
+                .iter()
+                .position(|b| b.addr.ip() == from.ip() && b.addr.port() == l.port())
+        })
+    });
+    let Some(i) = idx else {
+        shared.metrics.reports_invalid.fetch_add(1, Relaxed);
+        tracing::debug!(%from, listen = ?r.listen, "load report from an unknown node");
+        return;
+    };
+    let clamp = |v: u64| v.min(u64::from(u32::MAX)) as u32;
+    let report = LoadReport {
+        active_connections: clamp(r.connections),
+        disk_queue: clamp(r.disk_queue),
+        cache_hits: r.cache_hits,
+        cache_misses: r.cache_misses,
+        bytes_out: r.bytes_out,
+    };
+    *g.nodes[i].last_report.lock() = Some(report);
+    g.policy
+        .lock()
+        .load_report(NodeId(i as u32), &report, shared.now());
+    shared.metrics.reports.fetch_add(1, Relaxed);
+}

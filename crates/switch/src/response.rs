@@ -1,0 +1,469 @@
+//! Strict parsing of the response heads nodes send, and the rewriting of heads in both
+//! directions.
+//!
+//! The switch reads a node's response with one interpretation of its length (RFC 9112 §6.3) and
+//! refuses anything ambiguous instead of guessing: `Content-Length` together with
+//! `Transfer-Encoding`, duplicate or non-numeric `Content-Length`, a transfer coding other than a
+//! single final `chunked`, obs-fold, more than [`MAX_HEADERS`] headers or a head larger than the
+//! limit are all errors (the client then gets a 502 and the node connection is dropped). A
+//! response to `HEAD`, and every 1xx, 204 and 304, has no body whatever its headers say.
+
+use thiserror::Error;
+
+/// Most headers a node response may carry.
+pub const MAX_HEADERS: usize = 100;
+
+/// How a response body is delimited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyLength {
+    /// No body (HEAD, 1xx, 204, 304, or `Content-Length: 0`).
+    None,
+    /// Exactly this many bytes.
+    Length(u64),
+    /// A chunked body.
+    Chunked,
+    /// The body runs until the node closes the connection.
+    UntilClose,
+}
+
+/// A parsed response head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResponseMeta {
+    /// Status code, 100..=599.
+    pub status: u16,
+    /// Minor version: 0 for HTTP/1.0, 1 for HTTP/1.1.
+    pub minor: u8,
+    /// Length of the head including its blank line.
+    pub head_len: usize,
+    /// Body framing.
+    pub body: BodyLength,
+    /// Whether the node keeps the connection open after this response.
+    pub keep_alive: bool,
+}
+
+impl ResponseMeta {
+    /// An interim (1xx) response; the final one follows on the same connection.
+    pub fn is_interim(&self) -> bool {
+        self.status < 200
+    }
+}
+
+/// Why a response head is refused.
+#[derive(Clone, Copy, Debug, Error, PartialEq, Eq)]
+pub enum ResponseError {
+    /// Not a valid HTTP/1.x response head.
+    #[error("malformed response: {0}")]
+    Malformed(&'static str),
+    /// The head is larger than the limit or has too many headers.
+    #[error("response head too large")]
+    TooLarge,
+}
+
+/// Parse a response head at the start of `buf`. `None` means more bytes are needed.
+/// `head_request` tells that the request was `HEAD` (no body follows whatever the headers say).
+pub fn parse(
+    buf: &[u8],
+    head_request: bool,
+    max_head: usize,
+) -> Result<Option<ResponseMeta>, ResponseError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut r = httparse::Response::new(&mut headers);
+    let head_len = match r.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => {
+            return if buf.len() > max_head {
+                Err(ResponseError::TooLarge)
+            } else {
+                Ok(None)
+            };
+        }
+        Err(httparse::Error::TooManyHeaders) => return Err(ResponseError::TooLarge),
+        Err(_) => return Err(ResponseError::Malformed("syntax")),
+    };
+    if head_len > max_head {
+        return Err(ResponseError::TooLarge);
+    }
+    let status = r.code.unwrap_or(0);
+    if !(100..=599).contains(&status) {
+        return Err(ResponseError::Malformed("status code out of range"));
+    }
+    let minor = match r.version {
+        Some(0) => 0,
+        Some(1) => 1,
+        _ => return Err(ResponseError::Malformed("version")),
+    };
+    let mut length: Option<u64> = None;
+    let mut te = false;
+    let mut te_chunked_last = false;
+    let mut close = false;
+    let mut keep = false;
+    for h in r.headers.iter() {
+        let v = trim(h.value);
+        if h.name.eq_ignore_ascii_case("content-length") {
+            if length.is_some() {
+                return Err(ResponseError::Malformed("duplicate Content-Length"));
+            }
+            length = Some(parse_length(v)?);
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            if te {
+                return Err(ResponseError::Malformed(
+                    "several Transfer-Encoding headers",
+                ));
+            }
+            te = true;
+            let codings: Vec<&[u8]> = v
+                .split(|&b| b == b',')
+                .map(trim)
+                .filter(|c| !c.is_empty())
+                .collect();
+            if codings.len() != 1 || !codings[0].eq_ignore_ascii_case(b"chunked") {
+                return Err(ResponseError::Malformed("unsupported transfer coding"));
+            }
+            te_chunked_last = true;
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            for t in v.split(|&b| b == b',').map(trim) {
+                if t.eq_ignore_ascii_case(b"close") {
+                    close = true;
+                } else if t.eq_ignore_ascii_case(b"keep-alive") {
+                    keep = true;
+                }
+            }
+        }
+    }
+    if te && length.is_some() {
+        return Err(ResponseError::Malformed(
+            "both Content-Length and Transfer-Encoding",
+        ));
+    }
+    if te && minor == 0 {
+        return Err(ResponseError::Malformed("Transfer-Encoding in HTTP/1.0"));
+    }
+    if status == 101 {
+        return Err(ResponseError::Malformed("protocol upgrade"));
+    }
+    let no_body = head_request || status < 200 || status == 204 || status == 304;
+    let body = if no_body {
+        BodyLength::None
+    } else if te_chunked_last {
+        BodyLength::Chunked
+    } else {
+        match length {
+            Some(0) => BodyLength::None,
+            Some(n) => BodyLength::Length(n),
+            None => BodyLength::UntilClose,
+        }
+    };
+    let keep_alive = body != BodyLength::UntilClose && !close && (minor == 1 || keep);
+    Ok(Some(ResponseMeta {
+        status,
+        minor,
+        head_len,
+        body,
+        keep_alive,
+    }))
+}
+
+fn parse_length(v: &[u8]) -> Result<u64, ResponseError> {
+    if v.is_empty() || v.len() > 18 || !v.iter().all(u8::is_ascii_digit) {
+        return Err(ResponseError::Malformed("invalid Content-Length"));
+    }
+    Ok(v.iter().fold(0u64, |n, &d| n * 10 + u64::from(d - b'0')))
+}
+
+fn trim(v: &[u8]) -> &[u8] {
+    let s = v
+        .iter()
+        .position(|&b| b != b' ' && b != b'\t')
+        .unwrap_or(v.len());
+    let e = v
+        .iter()
+        .rposition(|&b| b != b' ' && b != b'\t')
+        .map_or(s, |p| p + 1);
+    &v[s..e]
+}
+
+/// Lines of an already validated head: the start line, then each header line, without line
+/// terminators (CRLF or a bare LF).
+fn lines(head: &[u8]) -> impl Iterator<Item = &[u8]> {
+    head.split(|&b| b == b'\n')
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+        .skip_while(|l| l.is_empty())
+        .take_while(|l| !l.is_empty())
+}
+
+fn name_of(line: &[u8]) -> &[u8] {
+    let end = line.iter().position(|&b| b == b':').unwrap_or(line.len());
+    &line[..end]
+}
+
+fn value_of(line: &[u8]) -> &[u8] {
+    match line.iter().position(|&b| b == b':') {
+        Some(i) => trim(&line[i + 1..]),
+        None => &[],
+    }
+}
+
+/// Hop-by-hop fields (RFC 9110 §7.6.1) that never cross the switch: the switch keeps its own
+/// connections on both sides.
+/// `Expect` is answered by the switch itself (it reads the whole body before forwarding).
+fn hop_by_hop(name: &[u8]) -> bool {
+    const HOP: [&[u8]; 7] = [
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"te",
+        b"upgrade",
+        b"trailer",
+        b"expect",
+    ];
+    HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
+}
+
+/// Fields that delimit or route a message: never removed, whatever `Connection` lists, so that
+/// both sides always see the same message length and host.
+fn protected(name: &[u8]) -> bool {
+    const KEEP: [&[u8]; 3] = [b"content-length", b"transfer-encoding", b"host"];
+    KEEP.iter().any(|h| name.eq_ignore_ascii_case(h))
+}
+
+/// Names listed in `Connection` headers (also hop-by-hop). Empty for the common case, so the
+/// check costs nothing when there are none.
+fn connection_options(head: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for l in lines(head).skip(1) {
+        if name_of(l).eq_ignore_ascii_case(b"connection") {
+            for t in value_of(l).split(|&b| b == b',').map(trim) {
+                if !t.is_empty()
+                    && !t.eq_ignore_ascii_case(b"close")
+                    && !t.eq_ignore_ascii_case(b"keep-alive")
+                {
+                    out.push(t.to_ascii_lowercase());
+                }
+            }
+        }
+    }
+    out
+}
+
+fn dropped(name: &[u8], options: &[Vec<u8>]) -> bool {
+    hop_by_hop(name) || (!protected(name) && options.iter().any(|o| name.eq_ignore_ascii_case(o)))
+}
+
+/// Write the request head to forward to a node into `out`: the request line as sent, the
+/// end-to-end headers as sent, the client's address appended to `X-Forwarded-For` (when
+/// `forwarded_for` is given), and `Connection: keep-alive` for an HTTP/1.0 request so that the
+/// node keeps the pooled connection open. `head` must be a head accepted by
+/// `switchyard_http::request::parse`.
+pub fn forward_request_head(
+    head: &[u8],
+    http10: bool,
+    forwarded_for: Option<&str>,
+    out: &mut Vec<u8>,
+) {
+    let options = connection_options(head);
+    let mut xff: Option<Vec<u8>> = None;
+    let mut it = lines(head);
+    if let Some(first) = it.next() {
+        out.extend_from_slice(first);
+        out.extend_from_slice(b"\r\n");
+    }
+    for l in it {
+        let name = name_of(l);
+        if dropped(name, &options) {
+            continue;
+        }
+        if forwarded_for.is_some() && name.eq_ignore_ascii_case(b"x-forwarded-for") {
+            let v = value_of(l);
+            match &mut xff {
+                Some(x) => {
+                    x.extend_from_slice(b", ");
+                    x.extend_from_slice(v);
+                }
+                None => xff = Some(v.to_vec()),
+            }
+            continue;
+        }
+        out.extend_from_slice(l);
+        out.extend_from_slice(b"\r\n");
+    }
+    if let Some(ip) = forwarded_for {
+        out.extend_from_slice(b"X-Forwarded-For: ");
+        if let Some(x) = xff.filter(|x| !x.is_empty()) {
+            out.extend_from_slice(&x);
+            out.extend_from_slice(b", ");
+        }
+        out.extend_from_slice(ip.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if http10 {
+        out.extend_from_slice(b"Connection: keep-alive\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Write the response head to send to the client into `out`: the node's status line and
+/// end-to-end headers, then the switch's own connection header: `Connection: close` when the
+/// client connection ends after this response, `Connection: keep-alive` for an HTTP/1.0 client
+/// that keeps it. `head` must be a head accepted by [`parse`].
+pub fn client_response_head(head: &[u8], keep_alive: bool, http10: bool, out: &mut Vec<u8>) {
+    let options = connection_options(head);
+    let mut it = lines(head);
+    if let Some(first) = it.next() {
+        out.extend_from_slice(first);
+        out.extend_from_slice(b"\r\n");
+    }
+    for l in it {
+        if dropped(name_of(l), &options) {
+            continue;
+        }
+        out.extend_from_slice(l);
+        out.extend_from_slice(b"\r\n");
+    }
+    match (keep_alive, http10) {
+        (false, _) => out.extend_from_slice(b"Connection: close\r\n"),
+        (true, true) => out.extend_from_slice(b"Connection: keep-alive\r\n"),
+        (true, false) => {}
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Result<Option<ResponseMeta>, ResponseError> {
+        parse(s.as_bytes(), false, 16 * 1024)
+    }
+
+    fn meta(s: &str) -> ResponseMeta {
+        p(s).unwrap().unwrap()
+    }
+
+    #[test]
+    fn framing() {
+        let m = meta("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello");
+        assert_eq!(m.body, BodyLength::Length(5));
+        assert!(m.keep_alive);
+        assert_eq!(m.head_len, 38);
+        let m = meta("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n");
+        assert_eq!(m.body, BodyLength::Chunked);
+        let m = meta("HTTP/1.1 200 OK\r\n\r\n");
+        assert_eq!(m.body, BodyLength::UntilClose);
+        assert!(!m.keep_alive);
+        let m = meta("HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n");
+        assert_eq!(m.body, BodyLength::None);
+        let m = meta("HTTP/1.1 204 No Content\r\n\r\n");
+        assert_eq!((m.body, m.keep_alive), (BodyLength::None, true));
+        let m = meta("HTTP/1.1 100 Continue\r\n\r\n");
+        assert!(m.is_interim());
+        let m = parse(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n", true, 1024)
+            .unwrap()
+            .unwrap();
+        assert_eq!(m.body, BodyLength::None);
+    }
+
+    #[test]
+    fn keep_alive_rules() {
+        assert!(!meta("HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\n").keep_alive);
+        assert!(
+            meta("HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 1\r\n\r\n")
+                .keep_alive
+        );
+        assert!(
+            !meta("HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\n").keep_alive
+        );
+    }
+
+    #[test]
+    fn ambiguous_lengths_are_refused() {
+        for bad in [
+            "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 1, 1\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nX-A: b\r\n c\r\nContent-Length: 1\r\n\r\n",
+            "HTTP/1.1 099 Odd\r\n\r\n",
+            "HTTP/1.1 101 Switching Protocols\r\n\r\n",
+            "HTTP/2.0 200 OK\r\n\r\n",
+            "NOT HTTP\r\n\r\n",
+        ] {
+            assert!(
+                matches!(p(bad), Err(ResponseError::Malformed(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn partial_and_limits() {
+        assert_eq!(p("HTTP/1.1 200 OK\r\nContent-Le").unwrap(), None);
+        let big = format!("HTTP/1.1 200 OK\r\nX: {}\r\n", "a".repeat(20_000));
+        assert_eq!(p(&big), Err(ResponseError::TooLarge));
+        let many: String = (0..120).map(|i| format!("X-{i}: v\r\n")).collect();
+        assert_eq!(
+            p(&format!("HTTP/1.1 200 OK\r\n{many}\r\n")),
+            Err(ResponseError::TooLarge)
+        );
+    }
+
+    #[test]
+    fn request_head_rewrite() {
+        let head = b"GET /a HTTP/1.1\r\nHost: x\r\nConnection: close, X-Secret\r\nX-Secret: 1\r\nX-Forwarded-For: 10.0.0.1\r\nKeep-Alive: 5\r\nAccept: */*\r\n\r\n";
+        let mut out = Vec::new();
+        forward_request_head(head, false, Some("127.0.0.9"), &mut out);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "GET /a HTTP/1.1\r\nHost: x\r\nAccept: */*\r\nX-Forwarded-For: 10.0.0.1, 127.0.0.9\r\n\r\n"
+        );
+        let mut out = Vec::new();
+        forward_request_head(b"\r\nGET / HTTP/1.0\n\n", true, None, &mut out);
+        assert_eq!(out, b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
+    }
+
+    #[test]
+    fn connection_options_never_remove_framing_or_host() {
+        let head = b"POST /a HTTP/1.1\r\nHost: x\r\nConnection: Content-Length, Host, Transfer-Encoding, X-A\r\nX-A: 1\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n";
+        let mut out = Vec::new();
+        forward_request_head(head, false, None, &mut out);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n"
+        );
+        let head = b"HTTP/1.1 200 OK\r\nConnection: content-length\r\nContent-Length: 3\r\n\r\n";
+        let mut out = Vec::new();
+        client_response_head(head, true, false, &mut out);
+        assert_eq!(out, b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n");
+    }
+
+    #[test]
+    fn response_head_rewrite() {
+        let head = b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nContent-Length: 3\r\nKeep-Alive: timeout=5\r\n\r\n";
+        let mut out = Vec::new();
+        client_response_head(head, false, false, &mut out);
+        assert_eq!(
+            out,
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\n"
+        );
+        let mut out = Vec::new();
+        client_response_head(head, true, true, &mut out);
+        assert_eq!(
+            out,
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: keep-alive\r\n\r\n"
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn never_panics_and_head_len_is_inside(data in proptest::collection::vec(proptest::num::u8::ANY, 0..512), head in proptest::bool::ANY) {
+            if let Ok(Some(m)) = parse(&data, head, 1024) {
+                proptest::prop_assert!(m.head_len <= data.len());
+                let mut out = Vec::new();
+                client_response_head(&data[..m.head_len], m.keep_alive, false, &mut out);
+                proptest::prop_assert!(out.ends_with(b"\r\n\r\n"));
+            }
+        }
+    }
+}
