@@ -1,0 +1,303 @@
+//! Control frames with an attached descriptor over a Unix stream socket
+//! (same-host handoff: the switch passes the accepted client socket itself,
+//! `SCM_RIGHTS`, together with the `Create` frame and the bytes it already
+//! read).
+//!
+//! The descriptor of a frame always travels with the frame's first byte.
+//! A Unix stream socket never merges data that carries descriptors with data
+//! after it in one `recvmsg`, but it may return bytes of earlier frames in the
+//! same read; received descriptors therefore wait in a FIFO and are given to
+//! frames that need one ([`Message::needs_fd`]) in order. A frame that needs
+//! one and finds none, or descriptors left over when a frame that needs none
+//! is complete and nothing else is buffered, is a protocol error. Partial
+//! reads and writes are handled; both halves are async (tokio `try_io`) and
+//! can be used from different tasks.
+//!
+//! For control connections over TCP (across hosts), [`MsgReader`] and
+//! [`MsgWriter`] speak the same frames over any `AsyncRead`/`AsyncWrite`.
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
+use tokio::net::UnixStream;
+
+use crate::error::{HandoffError, Result};
+use crate::proto::{FrameBuffer, Message, ProtoError};
+
+/// Most descriptors accepted in one `recvmsg` (more are closed and are an error).
+const MAX_FDS_PER_READ: usize = 8;
+/// Receive chunk.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// One `sendmsg` of `data`, with `fd` attached when given. Returns the bytes
+/// the kernel took (the descriptor went with them if at least one was).
+pub fn send_with_fd(sock: RawFd, data: &[u8], fd: Option<BorrowedFd<'_>>) -> io::Result<usize> {
+    let iov = [IoSlice::new(data)];
+    let raw;
+    let cmsg_storage;
+    let cmsgs: &[ControlMessage<'_>] = match fd {
+        Some(fd) => {
+            raw = [fd.as_raw_fd()];
+            cmsg_storage = [ControlMessage::ScmRights(&raw)];
+            &cmsg_storage
+        }
+        None => &[],
+    };
+    sendmsg::<()>(sock, &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None).map_err(io::Error::from)
+}
+
+/// One `recvmsg` into `buf`; received descriptors are appended to `fds`
+/// (close-on-exec). Returns the bytes read (0 at end of stream).
+pub fn recv_with_fds(
+    sock: RawFd,
+    buf: &mut [u8],
+    fds: &mut VecDeque<OwnedFd>,
+) -> io::Result<usize> {
+    let mut cmsg = nix::cmsg_space!([RawFd; MAX_FDS_PER_READ]);
+    let mut iov = [IoSliceMut::new(buf)];
+    let msg = recvmsg::<()>(sock, &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC)
+        .map_err(io::Error::from)?;
+    let n = msg.bytes;
+    let truncated = msg.flags.contains(MsgFlags::MSG_CTRUNC);
+    for c in msg.cmsgs().map_err(io::Error::from)? {
+        if let ControlMessageOwned::ScmRights(list) = c {
+            for raw in list {
+                // SAFETY: the kernel just installed this descriptor for us.
+                fds.push_back(unsafe { OwnedFd::from_raw_fd(raw) });
+            }
+        }
+    }
+    if truncated {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "control data truncated (too many descriptors in one message)",
+        ));
+    }
+    Ok(n)
+}
+
+/// A control connection over a Unix stream socket that can carry
+/// descriptors. Clone-free halves come from [`FdConn::split`].
+#[derive(Debug)]
+pub struct FdConn {
+    io: Arc<UnixStream>,
+}
+
+impl FdConn {
+    /// Wraps a connected tokio Unix stream.
+    pub fn new(io: UnixStream) -> Self {
+        Self { io: Arc::new(io) }
+    }
+
+    /// A connected pair (tests, or a node process started by the switch).
+    pub fn pair() -> io::Result<(FdConn, FdConn)> {
+        let (a, b) = UnixStream::pair()?;
+        Ok((FdConn::new(a), FdConn::new(b)))
+    }
+
+    /// The receiving and sending halves; each can live in its own task. The
+    /// socket closes when both are dropped.
+    pub fn split(self) -> (FdReceiver, FdSender) {
+        (
+            FdReceiver {
+                io: self.io.clone(),
+                rx: FrameBuffer::new(),
+                fds: VecDeque::new(),
+            },
+            FdSender {
+                io: self.io,
+                buf: Vec::with_capacity(256),
+            },
+        )
+    }
+}
+
+/// Sending half of an [`FdConn`].
+#[derive(Debug)]
+pub struct FdSender {
+    io: Arc<UnixStream>,
+    buf: Vec<u8>,
+}
+
+impl FdSender {
+    /// Sends one message; `fd` must be given exactly when
+    /// [`Message::needs_fd`] is true. The descriptor is duplicated into the
+    /// receiver; the caller still owns (and should close) its own.
+    pub async fn send(&mut self, msg: &Message, fd: Option<BorrowedFd<'_>>) -> Result<()> {
+        if msg.needs_fd() != fd.is_some() {
+            return Err(ProtoError::Fd(if fd.is_some() {
+                "descriptor given for a message that carries none"
+            } else {
+                "message needs a descriptor"
+            })
+            .into());
+        }
+        self.buf.clear();
+        msg.encode(&mut self.buf)?;
+        let mut off = 0;
+        let mut fd = fd;
+        while off < self.buf.len() {
+            self.io
+                .writable()
+                .await
+                .map_err(|e| HandoffError::io("control socket", e))?;
+            let data = &self.buf[off..];
+            let r = self.io.try_io(Interest::WRITABLE, || {
+                send_with_fd(self.io.as_raw_fd(), data, fd)
+            });
+            match r {
+                Ok(n) => {
+                    off += n;
+                    if n > 0 {
+                        fd = None;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(HandoffError::io("sendmsg on control socket", e)),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Receiving half of an [`FdConn`].
+#[derive(Debug)]
+pub struct FdReceiver {
+    io: Arc<UnixStream>,
+    rx: FrameBuffer,
+    fds: VecDeque<OwnedFd>,
+}
+
+impl FdReceiver {
+    /// The next message and its descriptor, or `None` at a clean end of
+    /// stream (one between frames).
+    pub async fn recv(&mut self) -> Result<Option<(Message, Option<OwnedFd>)>> {
+        loop {
+            if let Some(m) = self.rx.next_message()? {
+                let fd = if m.needs_fd() {
+                    Some(self.fds.pop_front().ok_or(ProtoError::Fd(
+                        "frame needs a descriptor and none arrived with it",
+                    ))?)
+                } else {
+                    None
+                };
+                if !m.needs_fd() && self.rx.pending() == 0 && !self.fds.is_empty() {
+                    return Err(
+                        ProtoError::Fd("descriptor arrived with no frame to carry it").into(),
+                    );
+                }
+                return Ok(Some((m, fd)));
+            }
+            self.io
+                .readable()
+                .await
+                .map_err(|e| HandoffError::io("control socket", e))?;
+            let spare = self.rx.spare(READ_CHUNK);
+            let fds = &mut self.fds;
+            let io = &self.io;
+            let r = io.try_io(Interest::READABLE, || {
+                recv_with_fds(io.as_raw_fd(), spare, fds)
+            });
+            match r {
+                Ok(0) => {
+                    self.rx.commit(READ_CHUNK, 0);
+                    if self.rx.pending() == 0 {
+                        return Ok(None);
+                    }
+                    return Err(ProtoError::Truncated("frame at end of stream").into());
+                }
+                Ok(n) => self.rx.commit(READ_CHUNK, n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.rx.commit(READ_CHUNK, 0);
+                }
+                Err(e) => {
+                    self.rx.commit(READ_CHUNK, 0);
+                    return Err(HandoffError::io("recvmsg on control socket", e));
+                }
+            }
+        }
+    }
+}
+
+/// Reads control messages from any byte stream (TCP between hosts).
+#[derive(Debug)]
+pub struct MsgReader<R> {
+    r: R,
+    rx: FrameBuffer,
+}
+
+impl<R: AsyncRead + Unpin> MsgReader<R> {
+    /// Wraps a reader.
+    pub fn new(r: R) -> Self {
+        Self {
+            r,
+            rx: FrameBuffer::new(),
+        }
+    }
+
+    /// The next message, or `None` at a clean end of stream. Messages that
+    /// need a descriptor cannot arrive this way and are errors.
+    pub async fn recv(&mut self) -> Result<Option<Message>> {
+        loop {
+            if let Some(m) = self.rx.next_message()? {
+                if m.needs_fd() {
+                    return Err(ProtoError::Fd("descriptor transfer over a byte stream").into());
+                }
+                return Ok(Some(m));
+            }
+            let spare = self.rx.spare(READ_CHUNK);
+            let n = match self.r.read(spare).await {
+                Ok(n) => n,
+                Err(e) => {
+                    self.rx.commit(READ_CHUNK, 0);
+                    return Err(HandoffError::io("read control stream", e));
+                }
+            };
+            self.rx.commit(READ_CHUNK, n);
+            if n == 0 {
+                if self.rx.pending() == 0 {
+                    return Ok(None);
+                }
+                return Err(ProtoError::Truncated("frame at end of stream").into());
+            }
+        }
+    }
+}
+
+/// Writes control messages to any byte stream.
+#[derive(Debug)]
+pub struct MsgWriter<W> {
+    w: W,
+    buf: Vec<u8>,
+}
+
+impl<W: AsyncWrite + Unpin> MsgWriter<W> {
+    /// Wraps a writer.
+    pub fn new(w: W) -> Self {
+        Self {
+            w,
+            buf: Vec::with_capacity(256),
+        }
+    }
+
+    /// Sends one message (no descriptor transfers).
+    pub async fn send(&mut self, m: &Message) -> Result<()> {
+        if m.needs_fd() {
+            return Err(ProtoError::Fd("descriptor transfer over a byte stream").into());
+        }
+        self.buf.clear();
+        m.encode(&mut self.buf)?;
+        self.w
+            .write_all(&self.buf)
+            .await
+            .map_err(|e| HandoffError::io("write control stream", e))?;
+        self.w
+            .flush()
+            .await
+            .map_err(|e| HandoffError::io("flush control stream", e))
+    }
+}

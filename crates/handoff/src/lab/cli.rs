@@ -1,0 +1,584 @@
+//! `switchyard lab up|down|status|exec`.
+//!
+//! ```text
+//! switchyard lab up --nodes 3 --mechanism handoff --link-mbit 100 --root ./site
+//! switchyard lab exec client -- curl -s http://10.213.0.100/
+//! switchyard lab status --json
+//! switchyard lab down
+//! ```
+//!
+//! `up` builds the namespaces, then starts this very binary inside them
+//! (`ip netns exec NS switchyard node …` per node and, when the binary has a
+//! `switch` subcommand, `switchyard switch …` on the switch host) and writes
+//! a state file (`/run/switchyard/lab/<prefix>.json`, or under
+//! `$SWITCHYARD_LAB_DIR`). `down` stops the processes and removes every
+//! namespace of the prefix, with or without a state file.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::{LabProcess, LabSpec, LabState, Role, Topology};
+use crate::error::{HandoffError, Result};
+
+/// Delivery mechanism asked of the switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mechanism {
+    /// One-way: connections are handed off to the nodes.
+    Handoff,
+    /// Two-way: the switch relays responses.
+    Relay,
+}
+
+impl Mechanism {
+    fn as_str(self) -> &'static str {
+        match self {
+            Mechanism::Handoff => "handoff",
+            Mechanism::Relay => "relay",
+        }
+    }
+}
+
+/// Which lab.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LabTarget {
+    /// Namespace prefix of the lab (several labs can coexist).
+    #[arg(long, default_value = "sylab", value_name = "NAME")]
+    pub prefix: String,
+}
+
+/// `switchyard lab …`.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum LabCommand {
+    /// Build the hosts (network namespaces) and start the switch and nodes.
+    Up {
+        /// Back-end nodes.
+        #[arg(long, default_value_t = 2)]
+        nodes: usize,
+        /// Client hosts.
+        #[arg(long, default_value_t = 1)]
+        clients: usize,
+        /// Delivery mechanism for the switch.
+        #[arg(long, value_enum, default_value_t = Mechanism::Handoff)]
+        mechanism: Mechanism,
+        /// Shape every link to this many Mbit/s in both directions.
+        #[arg(long, value_name = "M")]
+        link_mbit: Option<u32>,
+        /// Document root the nodes serve (default: a generated sample site).
+        #[arg(long, value_name = "DIR")]
+        root: Option<PathBuf>,
+        /// HTTP port of the VIP and the nodes.
+        #[arg(long, default_value_t = 80)]
+        port: u16,
+        /// Build the hosts only; start nothing.
+        #[arg(long)]
+        no_start: bool,
+        /// The switchyard binary to run in the hosts (default: this one).
+        #[arg(long, value_name = "PATH")]
+        binary: Option<PathBuf>,
+        /// Which lab.
+        #[command(flatten)]
+        target: LabTarget,
+    },
+    /// Stop the processes and remove every namespace of the lab.
+    Down {
+        /// Which lab.
+        #[command(flatten)]
+        target: LabTarget,
+    },
+    /// Report the VIP, the hosts and the processes.
+    Status {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+        /// Which lab.
+        #[command(flatten)]
+        target: LabTarget,
+    },
+    /// Run a command on a host (`client` = client0, `switch`, `node1`, …).
+    Exec {
+        /// The host.
+        host: String,
+        /// The command and its arguments (after `--`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        cmd: Vec<String>,
+        /// Which lab.
+        #[command(flatten)]
+        target: LabTarget,
+    },
+}
+
+/// Directory of state files.
+pub fn state_dir() -> PathBuf {
+    std::env::var_os("SWITCHYARD_LAB_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/run/switchyard/lab"))
+}
+
+/// State file of a lab.
+pub fn state_path(prefix: &str) -> PathBuf {
+    state_dir().join(format!("{prefix}.json"))
+}
+
+/// Runs a lab command; human output goes to `out`.
+pub fn run(cmd: &LabCommand, out: &mut dyn Write) -> Result<()> {
+    let w = |e: std::io::Error| HandoffError::io("write output", e);
+    match cmd {
+        LabCommand::Up {
+            nodes,
+            clients,
+            mechanism,
+            link_mbit,
+            root,
+            port,
+            no_start,
+            binary,
+            target,
+        } => {
+            let spec = LabSpec {
+                prefix: target.prefix.clone(),
+                clients: *clients,
+                nodes: *nodes,
+                link_mbit: *link_mbit,
+            };
+            let topo = Topology::build(&spec)?;
+            let mut state = LabState {
+                topology: topo,
+                mechanism: mechanism.as_str().into(),
+                root: root.clone(),
+                processes: vec![],
+                notes: vec![],
+            };
+            let path = state_path(&target.prefix);
+            let r = (|| -> Result<()> {
+                state.save(&path)?;
+                if !*no_start {
+                    start_processes(&mut state, *mechanism, *port, binary.as_deref())?;
+                    state.save(&path)?;
+                }
+                Ok(())
+            })();
+            if let Err(e) = r {
+                down(&target.prefix);
+                return Err(e);
+            }
+            print_human(&state, out).map_err(w)?;
+            Ok(())
+        }
+        LabCommand::Down { target } => {
+            let existed = down(&target.prefix);
+            if existed {
+                writeln!(out, "lab {} removed", target.prefix).map_err(w)?;
+            } else {
+                writeln!(out, "no lab {} (nothing to remove)", target.prefix).map_err(w)?;
+            }
+            Ok(())
+        }
+        LabCommand::Status { json, target } => {
+            let path = state_path(&target.prefix);
+            let state = LabState::load(&path).ok();
+            let existing = Topology::existing(&target.prefix);
+            if *json {
+                let v = match &state {
+                    None => json!({
+                        "up": false,
+                        "prefix": target.prefix,
+                        "namespaces": existing,
+                    }),
+                    Some(s) => status_json(s, &existing),
+                };
+                writeln!(
+                    out,
+                    "{}",
+                    serde_json::to_string_pretty(&v).unwrap_or_default()
+                )
+                .map_err(w)?;
+            } else {
+                match &state {
+                    None if existing.is_empty() => writeln!(out, "no lab {}", target.prefix).map_err(w)?,
+                    None => writeln!(
+                        out,
+                        "lab {}: namespaces without a state file: {} (`switchyard lab down` removes them)",
+                        target.prefix,
+                        existing.join(" ")
+                    )
+                    .map_err(w)?,
+                    Some(s) => print_human(s, out).map_err(w)?,
+                }
+            }
+            Ok(())
+        }
+        LabCommand::Exec { host, cmd, target } => {
+            let state = LabState::load(&state_path(&target.prefix))?;
+            let ns = resolve_host(&state.topology, host)?;
+            let status = Command::new("ip")
+                .args(["netns", "exec", &ns])
+                .args(cmd)
+                .status()
+                .map_err(|e| HandoffError::io("ip netns exec", e))?;
+            if !status.success() {
+                return Err(HandoffError::Command {
+                    cmd: format!("{} (on {host})", cmd.join(" ")),
+                    status: status.to_string(),
+                    stderr: String::new(),
+                });
+            }
+            Ok(())
+        }
+    }
+}
+
+fn resolve_host(t: &Topology, host: &str) -> Result<String> {
+    let name = match host {
+        "client" => "client0",
+        "node" => "node0",
+        h => h,
+    };
+    t.hosts
+        .iter()
+        .find(|h| h.name == name || h.netns == name)
+        .map(|h| h.netns.clone())
+        .ok_or_else(|| {
+            HandoffError::Other(format!(
+                "no host {host}; hosts: {}",
+                t.hosts
+                    .iter()
+                    .map(|h| h.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })
+}
+
+/// Stops the processes and removes the namespaces and the state file; true
+/// when anything existed.
+pub fn down(prefix: &str) -> bool {
+    let path = state_path(prefix);
+    let mut existed = false;
+    if let Ok(state) = LabState::load(&path) {
+        existed = true;
+        for p in &state.processes {
+            stop_pid(p.pid);
+        }
+    }
+    let ns = Topology::existing(prefix);
+    existed |= !ns.is_empty();
+    Topology::teardown(prefix);
+    let _ = std::fs::remove_file(&path);
+    existed
+}
+
+fn alive(pid: u32) -> bool {
+    // A zombie child of ours still has /proc/<pid>; look at its state.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !s
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+        Err(_) => false,
+    }
+}
+
+fn stop_pid(pid: u32) {
+    // SAFETY: kill(2) on a pid this lab recorded.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    for _ in 0..60 {
+        if !alive(pid) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: as above.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+}
+
+fn sample_site(dir: &Path) -> Result<()> {
+    let io = |e| HandoffError::io(format!("write sample site in {}", dir.display()), e);
+    std::fs::create_dir_all(dir).map_err(io)?;
+    std::fs::write(
+        dir.join("index.html"),
+        "<!doctype html><title>switchyard lab</title><p>switchyard lab\n",
+    )
+    .map_err(io)?;
+    for (name, size) in [
+        ("1k.bin", 1024usize),
+        ("100k.bin", 100 * 1024),
+        ("5m.bin", 5 * 1024 * 1024),
+    ] {
+        let data: Vec<u8> = (0..size).map(|i| b'a' + (i % 26) as u8).collect();
+        std::fs::write(dir.join(name), data).map_err(io)?;
+    }
+    Ok(())
+}
+
+fn start_processes(
+    state: &mut LabState,
+    mechanism: Mechanism,
+    port: u16,
+    binary: Option<&Path>,
+) -> Result<()> {
+    let bin = match binary {
+        Some(b) => b.to_path_buf(),
+        None => std::env::current_exe().map_err(|e| HandoffError::io("current_exe", e))?,
+    };
+    let logs = state_dir().join(&state.topology.prefix);
+    std::fs::create_dir_all(&logs).map_err(|e| HandoffError::io("mkdir lab logs", e))?;
+    let root = match &state.root {
+        Some(r) => r.clone(),
+        None => {
+            let r = logs.join("site");
+            sample_site(&r)?;
+            state.root = Some(r.clone());
+            r
+        }
+    };
+    let topo = state.topology.clone();
+    let mut nodes = Vec::new();
+    for h in topo.hosts_of(Role::Node) {
+        let args = vec![
+            "node".to_string(),
+            "--root".into(),
+            root.to_string_lossy().into_owned(),
+            "--listen".into(),
+            format!("0.0.0.0:{port}"),
+            "--admin".into(),
+            format!("{}:9080", h.ip),
+        ];
+        let p = spawn_in(&h.netns, &h.name, &bin, &args, &logs)?;
+        state.processes.push(p);
+        nodes.push(format!("{}:{port}", h.ip));
+    }
+    let help = Command::new(&bin)
+        .args(["switch", "--help"])
+        .stdin(Stdio::null())
+        .output();
+    let switch_help = match help {
+        Ok(o) if o.status.success() => Some(String::from_utf8_lossy(&o.stdout).into_owned()),
+        _ => None,
+    };
+    match switch_help {
+        None => state.notes.push(
+            "this switchyard binary has no `switch` subcommand: only the nodes were started".into(),
+        ),
+        Some(help) => {
+            let sw = topo
+                .host("switch")
+                .ok_or_else(|| HandoffError::Other("lab without switch".into()))?;
+            let mut args = vec![
+                "switch".to_string(),
+                "--listen".into(),
+                format!("{}:{port}", topo.vip),
+                "--admin".into(),
+                format!("{}:9080", sw.ip),
+            ];
+            for n in &nodes {
+                args.push("--node".into());
+                args.push(n.clone());
+            }
+            if help.contains("--mechanism") {
+                args.push("--mechanism".into());
+                args.push(mechanism.as_str().into());
+            } else if mechanism == Mechanism::Handoff {
+                state
+                    .notes
+                    .push("the switch has no --mechanism option yet: it runs in relay mode".into());
+            }
+            let p = spawn_in(&sw.netns, "switch", &bin, &args, &logs)?;
+            state.processes.push(p);
+        }
+    }
+    // Give them a moment, then make sure none died at start.
+    std::thread::sleep(Duration::from_millis(400));
+    for p in &state.processes {
+        if !alive(p.pid) {
+            let tail = std::fs::read_to_string(&p.log).unwrap_or_default();
+            let tail: String = tail
+                .lines()
+                .rev()
+                .take(10)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n");
+            return Err(HandoffError::Other(format!(
+                "{} exited at start ({}):\n{tail}",
+                p.host,
+                p.cmd.join(" ")
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn spawn_in(
+    netns: &str,
+    host: &str,
+    bin: &Path,
+    args: &[String],
+    logs: &Path,
+) -> Result<LabProcess> {
+    use std::os::unix::process::CommandExt;
+    let log = logs.join(format!("{host}.log"));
+    let f = std::fs::File::create(&log)
+        .map_err(|e| HandoffError::io(format!("create {}", log.display()), e))?;
+    let f2 = f.try_clone().map_err(|e| HandoffError::io("dup log", e))?;
+    let child = Command::new("ip")
+        .args(["netns", "exec", netns])
+        .arg(bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(f)
+        .stderr(f2)
+        .process_group(0)
+        .spawn()
+        .map_err(|e| HandoffError::io("spawn ip netns exec", e))?;
+    let mut cmd = vec![bin.to_string_lossy().into_owned()];
+    cmd.extend(args.iter().cloned());
+    Ok(LabProcess {
+        host: host.to_string(),
+        pid: child.id(),
+        cmd,
+        log,
+    })
+}
+
+fn status_json(s: &LabState, existing: &[String]) -> serde_json::Value {
+    let t = &s.topology;
+    json!({
+        "up": true,
+        "prefix": t.prefix,
+        "vip": t.vip.to_string(),
+        "mechanism": s.mechanism,
+        "link_mbit": t.link_mbit,
+        "root": s.root,
+        "bridge_netns": t.bridge_netns,
+        "hosts": t.hosts.iter().map(|h| json!({
+            "name": h.name,
+            "role": h.role,
+            "netns": h.netns,
+            "ip": h.ip.to_string(),
+            "mac": h.mac,
+            "present": existing.contains(&h.netns),
+        })).collect::<Vec<_>>(),
+        "processes": s.processes.iter().map(|p| json!({
+            "host": p.host,
+            "pid": p.pid,
+            "alive": alive(p.pid),
+            "cmd": p.cmd,
+            "log": p.log,
+        })).collect::<Vec<_>>(),
+        "notes": s.notes,
+    })
+}
+
+fn print_human(s: &LabState, out: &mut dyn Write) -> std::io::Result<()> {
+    let t = &s.topology;
+    writeln!(
+        out,
+        "lab {}: VIP {}, mechanism {}",
+        t.prefix, t.vip, s.mechanism
+    )?;
+    if let Some(m) = t.link_mbit {
+        writeln!(out, "links shaped to {m} Mbit/s")?;
+    }
+    for h in &t.hosts {
+        writeln!(out, "  {:<9} {:<15} netns {}", h.name, h.ip, h.netns)?;
+    }
+    for p in &s.processes {
+        let st = if alive(p.pid) { "running" } else { "exited" };
+        writeln!(
+            out,
+            "  pid {:<7} {:<8} on {:<8} log {}",
+            p.pid,
+            st,
+            p.host,
+            p.log.display()
+        )?;
+    }
+    for n in &s.notes {
+        writeln!(out, "note: {n}")?;
+    }
+    writeln!(
+        out,
+        "run a client command: switchyard lab exec client -- curl -s http://{}/",
+        t.vip
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct T {
+        #[command(subcommand)]
+        cmd: LabCommand,
+    }
+
+    #[test]
+    fn parses_the_documented_forms() {
+        let t = T::try_parse_from([
+            "x",
+            "up",
+            "--nodes",
+            "3",
+            "--mechanism",
+            "relay",
+            "--link-mbit",
+            "100",
+            "--root",
+            "/tmp",
+        ])
+        .unwrap();
+        match t.cmd {
+            LabCommand::Up {
+                nodes,
+                mechanism,
+                link_mbit,
+                ..
+            } => {
+                assert_eq!(nodes, 3);
+                assert_eq!(mechanism, Mechanism::Relay);
+                assert_eq!(link_mbit, Some(100));
+            }
+            other => panic!("{other:?}"),
+        }
+        let t =
+            T::try_parse_from(["x", "exec", "client", "--", "curl", "-s", "http://x/"]).unwrap();
+        match t.cmd {
+            LabCommand::Exec { host, cmd, .. } => {
+                assert_eq!(host, "client");
+                assert_eq!(cmd, ["curl", "-s", "http://x/"]);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(T::try_parse_from(["x", "status", "--json"]).is_ok());
+        assert!(T::try_parse_from(["x", "down"]).is_ok());
+    }
+
+    #[test]
+    fn status_without_a_lab_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        std::env::set_var("SWITCHYARD_LAB_DIR", dir.path());
+        let mut out = Vec::new();
+        run(
+            &LabCommand::Status {
+                json: true,
+                target: LabTarget {
+                    prefix: "synolab".into(),
+                },
+            },
+            &mut out,
+        )
+        .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["up"], false);
+    }
+}

@@ -1,0 +1,816 @@
+//! The control protocol between the switch and its nodes (seed 004 §4.3's
+//! THOP, over a persistent stream instead of raw IP datagrams).
+//!
+//! Every message is one frame:
+//!
+//! ```text
+//! 0      2        3        4                8
+//! +------+--------+--------+----------------+----------------------+
+//! | "SY" | version| opcode | body length u32| body (length bytes)  |
+//! +------+--------+--------+----------------+----------------------+
+//! ```
+//!
+//! Integers are big-endian. Byte strings are a `u32` length and the bytes,
+//! strings the same in UTF-8, socket addresses a family byte (4 or 6), the
+//! address, the port (and for IPv6 the flow info and scope id). The decoder is
+//! strict: a wrong magic or version, an unknown opcode or tag, a length over
+//! its bound, trailing bytes in a body or a malformed field are errors; it
+//! never panics and never allocates more than the bounds allow.
+//!
+//! A `Create` or `HandBack` whose transfer is [`Transfer::Fd`] carries no
+//! connection state in the frame: the descriptor itself travels alongside
+//! the frame's first byte as `SCM_RIGHTS` (see [`crate::fdpass`]). Over TCP
+//! only [`Transfer::Repair`] can be used.
+
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+
+use crate::repair::{RepairState, RepairWindow};
+
+/// Frame magic.
+pub const MAGIC: [u8; 2] = *b"SY";
+/// Protocol version this crate speaks.
+pub const VERSION: u8 = 1;
+/// Bytes in a frame header.
+pub const HEADER_LEN: usize = 8;
+/// Largest body accepted.
+pub const MAX_BODY: usize = 20 << 20;
+/// Largest pre-read request bytes in a `Create` or `HandBack`.
+pub const MAX_PREREAD: usize = 1 << 20;
+/// Largest send or receive queue carried in a [`RepairState`].
+pub const MAX_QUEUE: usize = 8 << 20;
+/// Largest string (reasons, names).
+pub const MAX_STRING: usize = 1024;
+
+/// Why a frame could not be decoded or encoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtoError {
+    /// The frame does not start with `SY`.
+    #[error("bad magic {0:02x?}")]
+    BadMagic([u8; 2]),
+    /// A version this side does not speak.
+    #[error("unsupported protocol version {0}")]
+    BadVersion(u8),
+    /// An opcode nobody defined.
+    #[error("unknown opcode {0}")]
+    UnknownOpcode(u8),
+    /// A frame or field longer than its bound.
+    #[error("{what} of {len} bytes exceeds the limit of {max}")]
+    TooLong {
+        /// The field.
+        what: &'static str,
+        /// Its length.
+        len: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// The body ended inside a field.
+    #[error("truncated {0}")]
+    Truncated(&'static str),
+    /// Bytes left over after the last field of a body.
+    #[error("{0} trailing bytes in body")]
+    Trailing(usize),
+    /// A field with an impossible value.
+    #[error("invalid {0}")]
+    Invalid(&'static str),
+    /// A message that needs a descriptor arrived without one, or the other
+    /// way round, or was sent on a stream that cannot carry one.
+    #[error("descriptor mismatch: {0}")]
+    Fd(&'static str),
+}
+
+/// How the connection itself travels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transfer {
+    /// Same host: the socket's descriptor travels as `SCM_RIGHTS`.
+    Fd,
+    /// Across hosts: the state dumped with `TCP_REPAIR`.
+    Repair(Box<RepairState>),
+}
+
+/// Why a node refused or lost a connection (notify-drop).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum DropReason {
+    /// The node is at its connection limit.
+    Busy = 1,
+    /// Restoring the TCP state failed.
+    RestoreFailed = 2,
+    /// The node lacks CAP_NET_ADMIN.
+    NoPrivilege = 3,
+    /// The node is shutting down.
+    ShuttingDown = 4,
+    /// The connection broke after it was accepted.
+    Aborted = 5,
+    /// Anything else.
+    Other = 255,
+}
+
+impl DropReason {
+    fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            1 => Self::Busy,
+            2 => Self::RestoreFailed,
+            3 => Self::NoPrivilege,
+            4 => Self::ShuttingDown,
+            5 => Self::Aborted,
+            255 => Self::Other,
+            _ => return None,
+        })
+    }
+}
+
+/// Load report of the distributed load monitor (seed 004 §2.2), pushed on
+/// events rather than on a timer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadReport {
+    /// Connections the node serves now.
+    pub active_connections: u32,
+    /// Reads queued on the (emulated) disk.
+    pub disk_queue: u32,
+    /// Cache hits since start.
+    pub cache_hits: u64,
+    /// Cache misses since start.
+    pub cache_misses: u64,
+    /// Response bytes sent since start.
+    pub bytes_out: u64,
+}
+
+/// One control message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    /// First message on a new control connection, both ways.
+    Hello {
+        /// The sender's name (a node's id, or "switch").
+        name: String,
+    },
+    /// Switch → node: take this connection (THOP_CREATE).
+    Create {
+        /// Connection id chosen by the switch, echoed in every reply.
+        id: u64,
+        /// The client's address.
+        client: SocketAddr,
+        /// The address the client connected to (the VIP).
+        local: SocketAddr,
+        /// The connection itself.
+        transfer: Transfer,
+        /// Request bytes the switch already read from the socket.
+        preread: Vec<u8>,
+    },
+    /// Node → switch: the connection is restored and served.
+    Accepted {
+        /// Connection id.
+        id: u64,
+    },
+    /// Node → switch: the connection could not be taken (THOP_NOTIFYDROP).
+    Drop {
+        /// Connection id.
+        id: u64,
+        /// Why.
+        reason: DropReason,
+        /// Human-readable detail.
+        detail: String,
+    },
+    /// Node → switch: the connection closed (THOP_NOTIFYCLS).
+    Closed {
+        /// Connection id.
+        id: u64,
+        /// Requests served on it.
+        requests: u64,
+        /// Response bytes sent on it.
+        bytes: u64,
+    },
+    /// Node → switch: the connection comes back (multiple handoff), once the
+    /// node's responses are fully acknowledged.
+    HandBack {
+        /// Connection id.
+        id: u64,
+        /// The connection itself.
+        transfer: Transfer,
+        /// Bytes of the next request the node already read.
+        preread: Vec<u8>,
+        /// Requests the node served on it.
+        requests: u64,
+        /// Response bytes the node sent on it.
+        bytes: u64,
+    },
+    /// Node → switch: load report.
+    Load(LoadReport),
+    /// Liveness probe.
+    Ping {
+        /// Echoed in the `Pong`.
+        nonce: u64,
+    },
+    /// Answer to `Ping`.
+    Pong {
+        /// The `Ping`'s nonce.
+        nonce: u64,
+    },
+}
+
+mod op {
+    pub const HELLO: u8 = 1;
+    pub const CREATE: u8 = 2;
+    pub const ACCEPTED: u8 = 3;
+    pub const DROP: u8 = 4;
+    pub const CLOSED: u8 = 5;
+    pub const HANDBACK: u8 = 6;
+    pub const LOAD: u8 = 7;
+    pub const PING: u8 = 8;
+    pub const PONG: u8 = 9;
+}
+
+const TRANSFER_FD: u8 = 1;
+const TRANSFER_REPAIR: u8 = 2;
+
+impl Message {
+    fn opcode(&self) -> u8 {
+        match self {
+            Message::Hello { .. } => op::HELLO,
+            Message::Create { .. } => op::CREATE,
+            Message::Accepted { .. } => op::ACCEPTED,
+            Message::Drop { .. } => op::DROP,
+            Message::Closed { .. } => op::CLOSED,
+            Message::HandBack { .. } => op::HANDBACK,
+            Message::Load(_) => op::LOAD,
+            Message::Ping { .. } => op::PING,
+            Message::Pong { .. } => op::PONG,
+        }
+    }
+
+    /// True when the frame must travel with exactly one descriptor.
+    pub fn needs_fd(&self) -> bool {
+        matches!(
+            self,
+            Message::Create {
+                transfer: Transfer::Fd,
+                ..
+            } | Message::HandBack {
+                transfer: Transfer::Fd,
+                ..
+            }
+        )
+    }
+
+    /// Connection id the message is about, if any.
+    pub fn id(&self) -> Option<u64> {
+        match self {
+            Message::Create { id, .. }
+            | Message::Accepted { id }
+            | Message::Drop { id, .. }
+            | Message::Closed { id, .. }
+            | Message::HandBack { id, .. } => Some(*id),
+            _ => None,
+        }
+    }
+
+    /// Appends this message's frame to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) -> Result<(), ProtoError> {
+        let start = out.len();
+        out.extend_from_slice(&MAGIC);
+        out.push(VERSION);
+        out.push(self.opcode());
+        out.extend_from_slice(&[0; 4]);
+        let body = out.len();
+        let r = self.encode_body(out);
+        if let Err(e) = r {
+            out.truncate(start);
+            return Err(e);
+        }
+        let len = out.len() - body;
+        if len > MAX_BODY {
+            out.truncate(start);
+            return Err(ProtoError::TooLong {
+                what: "body",
+                len,
+                max: MAX_BODY,
+            });
+        }
+        out[start + 4..start + 8].copy_from_slice(&(len as u32).to_be_bytes());
+        Ok(())
+    }
+
+    /// This message's frame as a new vector.
+    pub fn to_frame(&self) -> Result<Vec<u8>, ProtoError> {
+        let mut v = Vec::with_capacity(64);
+        self.encode(&mut v)?;
+        Ok(v)
+    }
+
+    fn encode_body(&self, o: &mut Vec<u8>) -> Result<(), ProtoError> {
+        match self {
+            Message::Hello { name } => put_str(o, name, "name")?,
+            Message::Create {
+                id,
+                client,
+                local,
+                transfer,
+                preread,
+            } => {
+                put_u64(o, *id);
+                put_addr(o, client);
+                put_addr(o, local);
+                put_transfer(o, transfer)?;
+                put_bytes(o, preread, "preread", MAX_PREREAD)?;
+            }
+            Message::Accepted { id } => put_u64(o, *id),
+            Message::Drop { id, reason, detail } => {
+                put_u64(o, *id);
+                o.push(*reason as u8);
+                put_str(o, detail, "detail")?;
+            }
+            Message::Closed {
+                id,
+                requests,
+                bytes,
+            } => {
+                put_u64(o, *id);
+                put_u64(o, *requests);
+                put_u64(o, *bytes);
+            }
+            Message::HandBack {
+                id,
+                transfer,
+                preread,
+                requests,
+                bytes,
+            } => {
+                put_u64(o, *id);
+                put_transfer(o, transfer)?;
+                put_bytes(o, preread, "preread", MAX_PREREAD)?;
+                put_u64(o, *requests);
+                put_u64(o, *bytes);
+            }
+            Message::Load(l) => {
+                put_u32(o, l.active_connections);
+                put_u32(o, l.disk_queue);
+                put_u64(o, l.cache_hits);
+                put_u64(o, l.cache_misses);
+                put_u64(o, l.bytes_out);
+            }
+            Message::Ping { nonce } | Message::Pong { nonce } => put_u64(o, *nonce),
+        }
+        Ok(())
+    }
+
+    /// Decodes one frame from the front of `buf`.
+    ///
+    /// `Ok(None)`: not a whole frame yet (the header is checked as soon as it
+    /// is complete, so garbage is refused without waiting for its body).
+    /// `Ok(Some((message, used)))`: a message and the bytes it took.
+    pub fn decode(buf: &[u8]) -> Result<Option<(Message, usize)>, ProtoError> {
+        let Some(len) = check_header(buf)? else {
+            return Ok(None);
+        };
+        if buf.len() < HEADER_LEN + len {
+            return Ok(None);
+        }
+        let body = &buf[HEADER_LEN..HEADER_LEN + len];
+        let mut r = Reader { b: body };
+        let msg = match buf[3] {
+            op::HELLO => Message::Hello {
+                name: r.string("name")?,
+            },
+            op::CREATE => Message::Create {
+                id: r.u64("id")?,
+                client: r.addr()?,
+                local: r.addr()?,
+                transfer: r.transfer()?,
+                preread: r.bytes("preread", MAX_PREREAD)?,
+            },
+            op::ACCEPTED => Message::Accepted { id: r.u64("id")? },
+            op::DROP => Message::Drop {
+                id: r.u64("id")?,
+                reason: DropReason::from_u8(r.u8("reason")?)
+                    .ok_or(ProtoError::Invalid("drop reason"))?,
+                detail: r.string("detail")?,
+            },
+            op::CLOSED => Message::Closed {
+                id: r.u64("id")?,
+                requests: r.u64("requests")?,
+                bytes: r.u64("bytes")?,
+            },
+            op::HANDBACK => Message::HandBack {
+                id: r.u64("id")?,
+                transfer: r.transfer()?,
+                preread: r.bytes("preread", MAX_PREREAD)?,
+                requests: r.u64("requests")?,
+                bytes: r.u64("bytes")?,
+            },
+            op::LOAD => Message::Load(LoadReport {
+                active_connections: r.u32("load")?,
+                disk_queue: r.u32("load")?,
+                cache_hits: r.u64("load")?,
+                cache_misses: r.u64("load")?,
+                bytes_out: r.u64("load")?,
+            }),
+            op::PING => Message::Ping {
+                nonce: r.u64("nonce")?,
+            },
+            op::PONG => Message::Pong {
+                nonce: r.u64("nonce")?,
+            },
+            other => return Err(ProtoError::UnknownOpcode(other)),
+        };
+        if !r.b.is_empty() {
+            return Err(ProtoError::Trailing(r.b.len()));
+        }
+        Ok(Some((msg, HEADER_LEN + len)))
+    }
+}
+
+/// Checks a frame header: `Ok(None)` when fewer than [`HEADER_LEN`] bytes are
+/// there, else the body length.
+pub fn check_header(buf: &[u8]) -> Result<Option<usize>, ProtoError> {
+    if buf.len() >= 2 && buf[..2] != MAGIC {
+        return Err(ProtoError::BadMagic([buf[0], buf[1]]));
+    }
+    if buf.len() >= 3 && buf[2] != VERSION {
+        return Err(ProtoError::BadVersion(buf[2]));
+    }
+    if buf.len() >= 4 && !(op::HELLO..=op::PONG).contains(&buf[3]) {
+        return Err(ProtoError::UnknownOpcode(buf[3]));
+    }
+    if buf.len() < HEADER_LEN {
+        return Ok(None);
+    }
+    let len = u32::from_be_bytes([buf[4], buf[5], buf[6], buf[7]]) as usize;
+    if len > MAX_BODY {
+        return Err(ProtoError::TooLong {
+            what: "body",
+            len,
+            max: MAX_BODY,
+        });
+    }
+    Ok(Some(len))
+}
+
+/// Incremental decoder for a byte stream: feed it what arrives, take
+/// messages out.
+#[derive(Debug, Default)]
+pub struct FrameBuffer {
+    buf: Vec<u8>,
+    start: usize,
+}
+
+impl FrameBuffer {
+    /// An empty buffer.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends received bytes.
+    pub fn extend(&mut self, bytes: &[u8]) {
+        self.compact();
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// Spare room to receive into directly (at least `min` bytes); call
+    /// [`FrameBuffer::commit`] with the count received.
+    pub fn spare(&mut self, min: usize) -> &mut [u8] {
+        self.compact();
+        let len = self.buf.len();
+        self.buf.resize(len + min, 0);
+        &mut self.buf[len..]
+    }
+
+    /// Keeps `n` bytes of the last [`FrameBuffer::spare`] and drops the rest.
+    pub fn commit(&mut self, spare_len: usize, n: usize) {
+        let new_len = self.buf.len() - spare_len + n;
+        self.buf.truncate(new_len);
+    }
+
+    /// Bytes buffered and not yet decoded.
+    pub fn pending(&self) -> usize {
+        self.buf.len() - self.start
+    }
+
+    /// The next complete message, if any.
+    pub fn next_message(&mut self) -> Result<Option<Message>, ProtoError> {
+        match Message::decode(&self.buf[self.start..])? {
+            None => Ok(None),
+            Some((m, used)) => {
+                self.start += used;
+                if self.start == self.buf.len() {
+                    self.buf.clear();
+                    self.start = 0;
+                }
+                Ok(Some(m))
+            }
+        }
+    }
+
+    fn compact(&mut self) {
+        if self.start > 0 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+    }
+}
+
+fn put_u16(o: &mut Vec<u8>, v: u16) {
+    o.extend_from_slice(&v.to_be_bytes());
+}
+fn put_u32(o: &mut Vec<u8>, v: u32) {
+    o.extend_from_slice(&v.to_be_bytes());
+}
+fn put_u64(o: &mut Vec<u8>, v: u64) {
+    o.extend_from_slice(&v.to_be_bytes());
+}
+fn put_bytes(o: &mut Vec<u8>, b: &[u8], what: &'static str, max: usize) -> Result<(), ProtoError> {
+    if b.len() > max {
+        return Err(ProtoError::TooLong {
+            what,
+            len: b.len(),
+            max,
+        });
+    }
+    put_u32(o, b.len() as u32);
+    o.extend_from_slice(b);
+    Ok(())
+}
+fn put_str(o: &mut Vec<u8>, s: &str, what: &'static str) -> Result<(), ProtoError> {
+    put_bytes(o, s.as_bytes(), what, MAX_STRING)
+}
+fn put_addr(o: &mut Vec<u8>, a: &SocketAddr) {
+    match a {
+        SocketAddr::V4(a) => {
+            o.push(4);
+            o.extend_from_slice(&a.ip().octets());
+            put_u16(o, a.port());
+        }
+        SocketAddr::V6(a) => {
+            o.push(6);
+            o.extend_from_slice(&a.ip().octets());
+            put_u16(o, a.port());
+            put_u32(o, a.flowinfo());
+            put_u32(o, a.scope_id());
+        }
+    }
+}
+fn put_transfer(o: &mut Vec<u8>, t: &Transfer) -> Result<(), ProtoError> {
+    match t {
+        Transfer::Fd => o.push(TRANSFER_FD),
+        Transfer::Repair(s) => {
+            o.push(TRANSFER_REPAIR);
+            put_repair(o, s)?;
+        }
+    }
+    Ok(())
+}
+fn put_repair(o: &mut Vec<u8>, s: &RepairState) -> Result<(), ProtoError> {
+    if s.send_unsent as usize > s.send_queue.len() {
+        return Err(ProtoError::Invalid("unsent part longer than send queue"));
+    }
+    put_u32(o, s.snd_seq);
+    put_u32(o, s.rcv_seq);
+    put_u32(o, s.mss);
+    o.push(s.snd_wscale);
+    o.push(s.rcv_wscale);
+    o.push(s.options);
+    put_u32(o, s.timestamp);
+    let w = &s.window;
+    for v in [w.snd_wl1, w.snd_wnd, w.max_window, w.rcv_wnd, w.rcv_wup] {
+        put_u32(o, v);
+    }
+    put_bytes(o, &s.send_queue, "send queue", MAX_QUEUE)?;
+    put_u32(o, s.send_unsent);
+    put_bytes(o, &s.recv_queue, "receive queue", MAX_QUEUE)?;
+    Ok(())
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], ProtoError> {
+        if self.b.len() < n {
+            return Err(ProtoError::Truncated(what));
+        }
+        let (h, t) = self.b.split_at(n);
+        self.b = t;
+        Ok(h)
+    }
+    fn u8(&mut self, what: &'static str) -> Result<u8, ProtoError> {
+        Ok(self.take(1, what)?[0])
+    }
+    fn u16(&mut self, what: &'static str) -> Result<u16, ProtoError> {
+        let b = self.take(2, what)?;
+        Ok(u16::from_be_bytes([b[0], b[1]]))
+    }
+    fn u32(&mut self, what: &'static str) -> Result<u32, ProtoError> {
+        let b = self.take(4, what)?;
+        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self, what: &'static str) -> Result<u64, ProtoError> {
+        let b = self.take(8, what)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_be_bytes(a))
+    }
+    fn bytes(&mut self, what: &'static str, max: usize) -> Result<Vec<u8>, ProtoError> {
+        let len = self.u32(what)? as usize;
+        if len > max {
+            return Err(ProtoError::TooLong { what, len, max });
+        }
+        Ok(self.take(len, what)?.to_vec())
+    }
+    fn string(&mut self, what: &'static str) -> Result<String, ProtoError> {
+        let b = self.bytes(what, MAX_STRING)?;
+        String::from_utf8(b).map_err(|_| ProtoError::Invalid("UTF-8 string"))
+    }
+    fn addr(&mut self) -> Result<SocketAddr, ProtoError> {
+        match self.u8("address family")? {
+            4 => {
+                let o = self.take(4, "IPv4 address")?;
+                let ip = Ipv4Addr::new(o[0], o[1], o[2], o[3]);
+                let port = self.u16("port")?;
+                Ok(SocketAddr::V4(SocketAddrV4::new(ip, port)))
+            }
+            6 => {
+                let o = self.take(16, "IPv6 address")?;
+                let mut a = [0u8; 16];
+                a.copy_from_slice(o);
+                let port = self.u16("port")?;
+                let flow = self.u32("flow info")?;
+                let scope = self.u32("scope id")?;
+                Ok(SocketAddr::V6(SocketAddrV6::new(
+                    Ipv6Addr::from(a),
+                    port,
+                    flow,
+                    scope,
+                )))
+            }
+            _ => Err(ProtoError::Invalid("address family")),
+        }
+    }
+    fn transfer(&mut self) -> Result<Transfer, ProtoError> {
+        match self.u8("transfer")? {
+            TRANSFER_FD => Ok(Transfer::Fd),
+            TRANSFER_REPAIR => Ok(Transfer::Repair(Box::new(self.repair()?))),
+            _ => Err(ProtoError::Invalid("transfer kind")),
+        }
+    }
+    fn repair(&mut self) -> Result<RepairState, ProtoError> {
+        let snd_seq = self.u32("repair state")?;
+        let rcv_seq = self.u32("repair state")?;
+        let mss = self.u32("repair state")?;
+        let snd_wscale = self.u8("repair state")?;
+        let rcv_wscale = self.u8("repair state")?;
+        let options = self.u8("repair state")?;
+        let timestamp = self.u32("repair state")?;
+        let window = RepairWindow {
+            snd_wl1: self.u32("window")?,
+            snd_wnd: self.u32("window")?,
+            max_window: self.u32("window")?,
+            rcv_wnd: self.u32("window")?,
+            rcv_wup: self.u32("window")?,
+        };
+        let send_queue = self.bytes("send queue", MAX_QUEUE)?;
+        let send_unsent = self.u32("send queue")?;
+        if send_unsent as usize > send_queue.len() {
+            return Err(ProtoError::Invalid("unsent part longer than send queue"));
+        }
+        let recv_queue = self.bytes("receive queue", MAX_QUEUE)?;
+        if snd_wscale > 14 || rcv_wscale > 14 {
+            return Err(ProtoError::Invalid("window scale"));
+        }
+        if mss > u16::MAX as u32 {
+            return Err(ProtoError::Invalid("mss"));
+        }
+        Ok(RepairState {
+            snd_seq,
+            rcv_seq,
+            mss,
+            snd_wscale,
+            rcv_wscale,
+            options,
+            timestamp,
+            window,
+            send_queue,
+            send_unsent,
+            recv_queue,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample_state() -> RepairState {
+        RepairState {
+            snd_seq: 1000,
+            rcv_seq: 2000,
+            mss: 1448,
+            snd_wscale: 7,
+            rcv_wscale: 7,
+            options: 7,
+            timestamp: 123_456,
+            window: RepairWindow {
+                snd_wl1: 1,
+                snd_wnd: 2,
+                max_window: 3,
+                rcv_wnd: 4,
+                rcv_wup: 5,
+            },
+            send_queue: b"abc".to_vec(),
+            send_unsent: 1,
+            recv_queue: b"GET / HTTP/1.1\r\n\r\n".to_vec(),
+        }
+    }
+
+    #[test]
+    fn create_round_trips() {
+        let m = Message::Create {
+            id: 7,
+            client: "10.0.0.1:40000".parse().unwrap(),
+            local: "[fe80::1%2]:80".parse().unwrap(),
+            transfer: Transfer::Repair(Box::new(sample_state())),
+            preread: b"GET /".to_vec(),
+        };
+        let f = m.to_frame().unwrap();
+        let (d, used) = Message::decode(&f).unwrap().unwrap();
+        assert_eq!(used, f.len());
+        assert_eq!(d, m);
+        // every proper prefix is incomplete, never an error
+        for n in 0..f.len() {
+            assert_eq!(Message::decode(&f[..n]), Ok(None), "prefix {n}");
+        }
+    }
+
+    #[test]
+    fn header_errors_come_early() {
+        assert!(matches!(
+            Message::decode(b"XY"),
+            Err(ProtoError::BadMagic(_))
+        ));
+        assert_eq!(Message::decode(b"SY\x02"), Err(ProtoError::BadVersion(2)));
+        assert_eq!(
+            Message::decode(b"SY\x01\x63"),
+            Err(ProtoError::UnknownOpcode(0x63))
+        );
+        assert!(matches!(
+            Message::decode(b"SY\x01\x01\xff\xff\xff\xff"),
+            Err(ProtoError::TooLong { .. })
+        ));
+    }
+
+    #[test]
+    fn trailing_and_truncated_bodies_are_errors() {
+        let mut f = Message::Accepted { id: 1 }.to_frame().unwrap();
+        f.push(0);
+        f[7] += 1;
+        assert_eq!(Message::decode(&f), Err(ProtoError::Trailing(1)));
+        let mut f = Message::Accepted { id: 1 }.to_frame().unwrap();
+        f.pop();
+        f[7] -= 1;
+        assert_eq!(Message::decode(&f), Err(ProtoError::Truncated("id")));
+    }
+
+    #[test]
+    fn oversize_fields_refused_on_encode() {
+        let m = Message::Hello {
+            name: "x".repeat(MAX_STRING + 1),
+        };
+        let mut out = b"keep".to_vec();
+        assert!(m.encode(&mut out).is_err());
+        assert_eq!(out, b"keep");
+    }
+
+    #[test]
+    fn frame_buffer_splits_and_joins() {
+        let a = Message::Ping { nonce: 1 }.to_frame().unwrap();
+        let b = Message::Closed {
+            id: 2,
+            requests: 3,
+            bytes: 4,
+        }
+        .to_frame()
+        .unwrap();
+        let all = [a, b].concat();
+        let mut fb = FrameBuffer::new();
+        let mut got = Vec::new();
+        for byte in &all {
+            fb.extend(std::slice::from_ref(byte));
+            while let Some(m) = fb.next_message().unwrap() {
+                got.push(m);
+            }
+        }
+        assert_eq!(got.len(), 2);
+        assert_eq!(fb.pending(), 0);
+    }
+
+    #[test]
+    fn needs_fd_only_for_fd_transfers() {
+        let m = Message::Create {
+            id: 1,
+            client: "1.2.3.4:5".parse().unwrap(),
+            local: "1.2.3.4:80".parse().unwrap(),
+            transfer: Transfer::Fd,
+            preread: vec![],
+        };
+        assert!(m.needs_fd());
+        assert!(!Message::Accepted { id: 1 }.needs_fd());
+    }
+}

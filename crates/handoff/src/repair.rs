@@ -1,0 +1,614 @@
+//! Moving an established TCP connection between hosts with `TCP_REPAIR`.
+//!
+//! [`dump`] runs on the side that gives the connection away (the switch, or a
+//! node handing it back), [`restore`] on the side that takes it. The order of
+//! the calls is the one that was found to work on this kernel
+//! (`shared/notes/tcp-handoff.md`):
+//!
+//! * dump: the steering entry for the 4-tuple is installed by the caller
+//!   *before* [`dump`]; then `TCP_REPAIR = 1`, `TCP_INFO`, `SIOCINQ`,
+//!   `SIOCOUTQ`, `SIOCOUTQNSD`, `TCP_MAXSEG` (the peer's MSS in repair mode),
+//!   `TCP_TIMESTAMP`, `TCP_REPAIR_WINDOW`, then per queue (send, then receive)
+//!   `TCP_REPAIR_QUEUE`, `TCP_QUEUE_SEQ` and the bytes with `MSG_PEEK`. Closing
+//!   the socket while it is still in repair mode sends neither FIN nor RST.
+//! * restore: `socket` → `SO_REUSEADDR` → `TCP_REPAIR = 1` → `TCP_MAXSEG`
+//!   (before `connect`, else the socket keeps the 536-byte default) → `bind`
+//!   (VIP:port) → receive-queue sequence = `rcv_seq − inq` → send-queue
+//!   sequence = `snd_seq − outq` → `connect` (sends nothing) →
+//!   `TCP_REPAIR_OPTIONS` → `TCP_TIMESTAMP` → refill the queues →
+//!   `TCP_REPAIR_WINDOW` (only after the refill, else `EINVAL`) →
+//!   `TCP_REPAIR = 0` (the kernel sends a window probe) → `SO_REUSEADDR` again
+//!   (leaving repair mode clears it, and a later restore of the same VIP:port
+//!   while this one sits in TIME_WAIT would fail with `EADDRINUSE`).
+//!
+//! One deviation from the notes' order: `SO_REUSEADDR` is set *before*
+//! `TCP_REPAIR = 1`. Entering repair mode forces address reuse for the
+//! socket; setting `SO_REUSEADDR` afterwards lowers that to ordinary reuse,
+//! and `bind(VIP:port)` then fails with `EADDRINUSE` next to a node's
+//! wildcard listener on the same port (a real node listens on 0.0.0.0:80).
+//!
+//! Timestamps stay monotone for the client (seed 004 §4.4): the restored
+//! socket's clock is set with `TCP_TIMESTAMP` to the dumped value plus one, so
+//! the kernel keeps the offset δ of seed 004's equations (2)–(4) for us.
+//! The peer's last timestamp (TSecr) is not restorable; the first window probe
+//! echoes 0, which clients accept.
+//!
+//! Every call needs CAP_NET_ADMIN; without it [`dump`] and [`restore`] return
+//! [`HandoffError::NoPrivilege`] and the caller relays instead.
+
+use std::io;
+use std::mem::size_of;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
+
+use crate::error::{HandoffError, Result};
+
+const TCP_MAXSEG: libc::c_int = 2;
+const TCP_INFO: libc::c_int = 11;
+const TCP_REPAIR: libc::c_int = 19;
+const TCP_REPAIR_QUEUE: libc::c_int = 20;
+const TCP_QUEUE_SEQ: libc::c_int = 21;
+const TCP_REPAIR_OPTIONS: libc::c_int = 22;
+const TCP_TIMESTAMP: libc::c_int = 24;
+const TCP_REPAIR_WINDOW: libc::c_int = 29;
+
+const TCP_RECV_QUEUE: libc::c_int = 1;
+const TCP_SEND_QUEUE: libc::c_int = 2;
+
+const TCPOPT_MSS: u32 = 2;
+const TCPOPT_WINDOW: u32 = 3;
+const TCPOPT_SACK_PERM: u32 = 4;
+const TCPOPT_TIMESTAMP: u32 = 8;
+
+const SIOCINQ: libc::c_ulong = 0x541B;
+const SIOCOUTQ: libc::c_ulong = 0x5411;
+const SIOCOUTQNSD: libc::c_ulong = 0x894B;
+
+const TCP_ESTABLISHED: u8 = 1;
+
+/// `tcpi_options` bit: timestamps negotiated.
+pub const OPT_TIMESTAMPS: u8 = 1;
+/// `tcpi_options` bit: SACK permitted.
+pub const OPT_SACK: u8 = 2;
+/// `tcpi_options` bit: window scaling negotiated.
+pub const OPT_WSCALE: u8 = 4;
+
+/// `struct tcp_repair_window`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct RepairWindow {
+    /// Sequence of the segment that last updated the send window.
+    pub snd_wl1: u32,
+    /// Send window.
+    pub snd_wnd: u32,
+    /// Largest window the peer ever offered.
+    pub max_window: u32,
+    /// Receive window.
+    pub rcv_wnd: u32,
+    /// `rcv_nxt` when the receive window was last advertised.
+    pub rcv_wup: u32,
+}
+
+/// The state of an established TCP connection, as dumped by [`dump`] and
+/// carried in [`crate::proto::Message::Create`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RepairState {
+    /// Sequence number after the last byte queued for sending (`write_seq`).
+    pub snd_seq: u32,
+    /// Sequence number after the last byte received (`rcv_nxt`).
+    pub rcv_seq: u32,
+    /// The peer's MSS.
+    pub mss: u32,
+    /// Our send window scale.
+    pub snd_wscale: u8,
+    /// Our receive window scale.
+    pub rcv_wscale: u8,
+    /// Negotiated options: [`OPT_TIMESTAMPS`], [`OPT_SACK`], [`OPT_WSCALE`].
+    pub options: u8,
+    /// The socket's TCP timestamp clock when dumped.
+    pub timestamp: u32,
+    /// Window state.
+    pub window: RepairWindow,
+    /// Bytes sent but not acknowledged, then bytes not yet sent.
+    pub send_queue: Vec<u8>,
+    /// How many bytes at the end of `send_queue` were never sent.
+    pub send_unsent: u32,
+    /// Bytes received and not yet read by the application.
+    pub recv_queue: Vec<u8>,
+}
+
+impl RepairState {
+    /// Puts `bytes` back in front of the receive queue: the application had
+    /// read them last, just before the dump, and the taker should read them
+    /// again from the socket.
+    pub fn unread(&mut self, bytes: &[u8]) {
+        let mut q = Vec::with_capacity(bytes.len() + self.recv_queue.len());
+        q.extend_from_slice(bytes);
+        q.extend_from_slice(&self.recv_queue);
+        self.recv_queue = q;
+    }
+}
+
+fn setsockopt_raw<T>(fd: RawFd, level: libc::c_int, opt: libc::c_int, val: &T) -> io::Result<()> {
+    // SAFETY: `val` points to a live T of the given size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            opt,
+            val as *const T as *const libc::c_void,
+            size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn setsockopt_bytes(fd: RawFd, level: libc::c_int, opt: libc::c_int, val: &[u8]) -> io::Result<()> {
+    // SAFETY: the slice is valid for its length.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            opt,
+            val.as_ptr() as *const libc::c_void,
+            val.len() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn getsockopt_raw<T: Default>(fd: RawFd, level: libc::c_int, opt: libc::c_int) -> io::Result<T> {
+    let mut v = T::default();
+    let mut len = size_of::<T>() as libc::socklen_t;
+    // SAFETY: `v` is a valid buffer of `len` bytes.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            level,
+            opt,
+            &mut v as *mut T as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if r == 0 {
+        Ok(v)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn set_int(fd: RawFd, level: libc::c_int, opt: libc::c_int, v: libc::c_int) -> io::Result<()> {
+    setsockopt_raw(fd, level, opt, &v)
+}
+
+fn ioctl_int(fd: RawFd, req: libc::c_ulong) -> io::Result<u32> {
+    let mut v: libc::c_int = 0;
+    // SAFETY: these ioctls write one int.
+    let r = unsafe { libc::ioctl(fd, req as _, &mut v) };
+    if r == 0 {
+        Ok(v as u32)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn step<T>(what: &'static str, r: io::Result<T>) -> Result<T> {
+    r.map_err(|e| HandoffError::io(what, e))
+}
+
+/// Switches repair mode on or off on a TCP socket.
+pub fn set_repair(fd: BorrowedFd<'_>, on: bool) -> Result<()> {
+    step(
+        "setsockopt(TCP_REPAIR)",
+        set_int(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            TCP_REPAIR,
+            on as libc::c_int,
+        ),
+    )
+}
+
+/// Checks that this process may use `TCP_REPAIR` (CAP_NET_ADMIN in its
+/// network namespace). Cheap: one throw-away socket.
+pub fn check_capability() -> Result<()> {
+    let fd = new_socket(libc::AF_INET)?;
+    set_repair(fd.as_fd(), true)
+}
+
+fn new_socket(family: libc::c_int) -> Result<OwnedFd> {
+    // SAFETY: plain socket(2).
+    let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(HandoffError::last_os("socket"));
+    }
+    // SAFETY: fd is a new descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Bytes the peer has not acknowledged yet (`SIOCOUTQ`).
+pub fn unacked(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    ioctl_int(fd.as_raw_fd(), SIOCOUTQ)
+}
+
+/// Waits (polling every 200 µs) until everything sent on `fd` is
+/// acknowledged, as multiple handoff requires before a node hands a
+/// connection on (seed 003 §7.2). Returns false on timeout.
+pub fn wait_acked(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if unacked(fd)? == 0 {
+            return Ok(true);
+        }
+        if Instant::now() >= deadline {
+            return Ok(false);
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+fn peek_queue(
+    fd: RawFd,
+    queue: libc::c_int,
+    len: usize,
+    what: &'static str,
+) -> Result<(u32, Vec<u8>)> {
+    step(
+        "setsockopt(TCP_REPAIR_QUEUE)",
+        set_int(fd, libc::IPPROTO_TCP, TCP_REPAIR_QUEUE, queue),
+    )?;
+    let seq: u32 = step(
+        "getsockopt(TCP_QUEUE_SEQ)",
+        getsockopt_raw(fd, libc::IPPROTO_TCP, TCP_QUEUE_SEQ),
+    )?;
+    let mut buf = vec![0u8; len];
+    if len > 0 {
+        // SAFETY: buf is valid for len bytes.
+        let n = unsafe {
+            libc::recv(
+                fd,
+                buf.as_mut_ptr() as *mut libc::c_void,
+                len,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        if n < 0 {
+            return Err(HandoffError::last_os(what));
+        }
+        if n as usize != len {
+            return Err(HandoffError::NotMovable(format!(
+                "{what}: peeked {n} of {len} bytes"
+            )));
+        }
+    }
+    Ok((seq, buf))
+}
+
+/// Dumps an established connection (switch side, or a node handing it back).
+///
+/// The caller must already have installed the steering entry that sends the
+/// client's packets to the taker, so that nothing reaches this socket while
+/// it is being dumped. On success the socket is left in repair mode: drop it
+/// (closing it sends nothing) once the taker has accepted, or call
+/// [`set_repair`]`(fd, false)` to serve it here after all. On error repair
+/// mode is left again (best effort) and the socket is usable as before.
+pub fn dump(fd: BorrowedFd<'_>) -> Result<RepairState> {
+    set_repair(fd, true)?;
+    let r = dump_in_repair(fd.as_raw_fd());
+    if r.is_err() {
+        let _ = set_int(fd.as_raw_fd(), libc::IPPROTO_TCP, TCP_REPAIR_QUEUE, 0);
+        let _ = set_repair(fd, false);
+    }
+    r
+}
+
+fn dump_in_repair(fd: RawFd) -> Result<RepairState> {
+    let info: [u8; 256] = {
+        let mut b = [0u8; 256];
+        let mut len = b.len() as libc::socklen_t;
+        // SAFETY: b is valid for len bytes.
+        let r = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                TCP_INFO,
+                b.as_mut_ptr() as *mut libc::c_void,
+                &mut len,
+            )
+        };
+        if r != 0 || len < 8 {
+            return Err(HandoffError::last_os("getsockopt(TCP_INFO)"));
+        }
+        b
+    };
+    if info[0] != TCP_ESTABLISHED {
+        return Err(HandoffError::NotMovable(format!(
+            "TCP state {} is not ESTABLISHED",
+            info[0]
+        )));
+    }
+    let options = info[5] & (OPT_TIMESTAMPS | OPT_SACK | OPT_WSCALE);
+    let (snd_wscale, rcv_wscale) = if options & OPT_WSCALE != 0 {
+        (info[6] & 0x0f, info[6] >> 4)
+    } else {
+        (0, 0)
+    };
+    let inq = step("ioctl(SIOCINQ)", ioctl_int(fd, SIOCINQ))? as usize;
+    let outq = step("ioctl(SIOCOUTQ)", ioctl_int(fd, SIOCOUTQ))? as usize;
+    let notsent = step("ioctl(SIOCOUTQNSD)", ioctl_int(fd, SIOCOUTQNSD))?;
+    if inq > crate::proto::MAX_QUEUE || outq > crate::proto::MAX_QUEUE {
+        return Err(HandoffError::NotMovable(format!(
+            "queues too large to move (in {inq}, out {outq})"
+        )));
+    }
+    let mss: libc::c_int = step(
+        "getsockopt(TCP_MAXSEG)",
+        getsockopt_raw(fd, libc::IPPROTO_TCP, TCP_MAXSEG),
+    )?;
+    let timestamp: u32 = step(
+        "getsockopt(TCP_TIMESTAMP)",
+        getsockopt_raw(fd, libc::IPPROTO_TCP, TCP_TIMESTAMP),
+    )?;
+    let window: RepairWindow = step(
+        "getsockopt(TCP_REPAIR_WINDOW)",
+        getsockopt_raw(fd, libc::IPPROTO_TCP, TCP_REPAIR_WINDOW),
+    )?;
+    let (snd_seq, send_queue) = peek_queue(fd, TCP_SEND_QUEUE, outq, "peek send queue")?;
+    let (rcv_seq, recv_queue) = peek_queue(fd, TCP_RECV_QUEUE, inq, "peek receive queue")?;
+    step(
+        "setsockopt(TCP_REPAIR_QUEUE)",
+        set_int(fd, libc::IPPROTO_TCP, TCP_REPAIR_QUEUE, 0),
+    )?;
+    Ok(RepairState {
+        snd_seq,
+        rcv_seq,
+        mss: mss.max(0) as u32,
+        snd_wscale,
+        rcv_wscale,
+        options,
+        timestamp,
+        window,
+        send_unsent: notsent.min(outq as u32),
+        send_queue,
+        recv_queue,
+    })
+}
+
+fn sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than sockaddr_in.
+            unsafe { std::ptr::write(&mut ss as *mut _ as *mut libc::sockaddr_in, sin) };
+            size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than sockaddr_in6.
+            unsafe { std::ptr::write(&mut ss as *mut _ as *mut libc::sockaddr_in6, sin6) };
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+fn send_all_repair(fd: RawFd, mut data: &[u8], what: &'static str) -> Result<()> {
+    while !data.is_empty() {
+        // The kernel copies a receive-queue refill into one buffer: keep each
+        // call within a modest size.
+        let chunk = data.len().min(256 * 1024);
+        // SAFETY: data is valid for chunk bytes.
+        let n = unsafe { libc::send(fd, data.as_ptr() as *const libc::c_void, chunk, 0) };
+        if n < 0 {
+            return Err(HandoffError::last_os(what));
+        }
+        if n == 0 {
+            return Err(HandoffError::Other(format!("{what}: kernel took 0 bytes")));
+        }
+        data = &data[n as usize..];
+    }
+    Ok(())
+}
+
+/// Restores a dumped connection as a new socket bound to `local` (the VIP and
+/// the port the client connected to) and connected to `peer` (the client).
+///
+/// This host must hold `local` (the VIP on `lo`, with `arp_ignore=1` and
+/// `arp_announce=2`), and packets of the 4-tuple that arrive before the
+/// restore completes must be dropped, not reset (see
+/// [`crate::steer::NoSocketDrop`]). Returns a blocking socket, out of repair
+/// mode, with `SO_REUSEADDR` set.
+pub fn restore(state: &RepairState, local: SocketAddr, peer: SocketAddr) -> Result<OwnedFd> {
+    let family = if local.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    if local.is_ipv4() != peer.is_ipv4() {
+        return Err(HandoffError::Other(
+            "restore: local and peer address families differ".into(),
+        ));
+    }
+    let sock = new_socket(family)?;
+    let fd = sock.as_raw_fd();
+    let tcp = libc::IPPROTO_TCP;
+    // SO_REUSEADDR before TCP_REPAIR, not after: entering repair mode sets
+    // the socket's reuse to "forced", and a later SO_REUSEADDR would lower it
+    // to plain reuse, with which bind(VIP:port) conflicts with a node's
+    // wildcard listener on the same port (EADDRINUSE).
+    step(
+        "setsockopt(SO_REUSEADDR)",
+        set_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1),
+    )?;
+    set_repair(sock.as_fd(), true)?;
+    if state.mss > 0 {
+        step(
+            "setsockopt(TCP_MAXSEG)",
+            set_int(fd, tcp, TCP_MAXSEG, state.mss as libc::c_int),
+        )?;
+    }
+    let (sa, sl) = sockaddr(&local);
+    // SAFETY: sa/sl describe a valid address.
+    if unsafe { libc::bind(fd, &sa as *const _ as *const libc::sockaddr, sl) } != 0 {
+        return Err(HandoffError::last_os(format!("bind({local})")));
+    }
+    let rcv_start = state.rcv_seq.wrapping_sub(state.recv_queue.len() as u32);
+    let snd_start = state.snd_seq.wrapping_sub(state.send_queue.len() as u32);
+    step(
+        "setsockopt(TCP_REPAIR_QUEUE)",
+        set_int(fd, tcp, TCP_REPAIR_QUEUE, TCP_RECV_QUEUE),
+    )?;
+    step(
+        "setsockopt(TCP_QUEUE_SEQ recv)",
+        set_int(fd, tcp, TCP_QUEUE_SEQ, rcv_start as libc::c_int),
+    )?;
+    step(
+        "setsockopt(TCP_REPAIR_QUEUE)",
+        set_int(fd, tcp, TCP_REPAIR_QUEUE, TCP_SEND_QUEUE),
+    )?;
+    step(
+        "setsockopt(TCP_QUEUE_SEQ send)",
+        set_int(fd, tcp, TCP_QUEUE_SEQ, snd_start as libc::c_int),
+    )?;
+    let (pa, pl) = sockaddr(&peer);
+    // SAFETY: pa/pl describe a valid address. In repair mode connect sends nothing.
+    if unsafe { libc::connect(fd, &pa as *const _ as *const libc::sockaddr, pl) } != 0 {
+        return Err(HandoffError::last_os(format!(
+            "connect({peer}) in repair mode"
+        )));
+    }
+    let mut opts: Vec<u8> = Vec::with_capacity(32);
+    let mut push = |code: u32, val: u32| {
+        opts.extend_from_slice(&code.to_ne_bytes());
+        opts.extend_from_slice(&val.to_ne_bytes());
+    };
+    if state.options & OPT_SACK != 0 {
+        push(TCPOPT_SACK_PERM, 0);
+    }
+    if state.options & OPT_WSCALE != 0 {
+        push(
+            TCPOPT_WINDOW,
+            state.snd_wscale as u32 | ((state.rcv_wscale as u32) << 16),
+        );
+    }
+    if state.options & OPT_TIMESTAMPS != 0 {
+        push(TCPOPT_TIMESTAMP, 0);
+    }
+    if state.mss > 0 {
+        push(TCPOPT_MSS, state.mss);
+    }
+    step(
+        "setsockopt(TCP_REPAIR_OPTIONS)",
+        setsockopt_bytes(fd, tcp, TCP_REPAIR_OPTIONS, &opts),
+    )?;
+    if state.options & OPT_TIMESTAMPS != 0 {
+        // δ = max(0, T_sw − T_se + 1) of seed 004 (2): the kernel derives the
+        // offset from the value we give it, which is never below the switch's.
+        let ts = state.timestamp.wrapping_add(1);
+        step(
+            "setsockopt(TCP_TIMESTAMP)",
+            setsockopt_raw(fd, tcp, TCP_TIMESTAMP, &ts),
+        )?;
+    }
+    if !state.recv_queue.is_empty() {
+        step(
+            "setsockopt(TCP_REPAIR_QUEUE)",
+            set_int(fd, tcp, TCP_REPAIR_QUEUE, TCP_RECV_QUEUE),
+        )?;
+        send_all_repair(fd, &state.recv_queue, "refill receive queue")?;
+    }
+    let unsent = (state.send_unsent as usize).min(state.send_queue.len());
+    let sent_part = &state.send_queue[..state.send_queue.len() - unsent];
+    if !sent_part.is_empty() {
+        step(
+            "setsockopt(TCP_REPAIR_QUEUE)",
+            set_int(fd, tcp, TCP_REPAIR_QUEUE, TCP_SEND_QUEUE),
+        )?;
+        send_all_repair(fd, sent_part, "refill send queue")?;
+    }
+    step(
+        "setsockopt(TCP_REPAIR_QUEUE)",
+        set_int(fd, tcp, TCP_REPAIR_QUEUE, 0),
+    )?;
+    step(
+        "setsockopt(TCP_REPAIR_WINDOW)",
+        setsockopt_raw(fd, tcp, TCP_REPAIR_WINDOW, &state.window),
+    )?;
+    let off: libc::c_int = if std::env::var_os("SY_NO_WP").is_some() {
+        -1
+    } else {
+        0
+    };
+    step(
+        "setsockopt(TCP_REPAIR off)",
+        set_int(fd, tcp, TCP_REPAIR, off),
+    )?;
+    step(
+        "setsockopt(SO_REUSEADDR) after repair",
+        set_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1),
+    )?;
+    if unsent > 0 {
+        send_all_repair(
+            fd,
+            &state.send_queue[state.send_queue.len() - unsent..],
+            "send unsent bytes",
+        )?;
+    }
+    Ok(sock)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unread_prepends() {
+        let mut s = RepairState {
+            recv_queue: b"def".to_vec(),
+            ..Default::default()
+        };
+        s.unread(b"abc");
+        assert_eq!(s.recv_queue, b"abcdef");
+    }
+
+    #[test]
+    fn repair_window_is_five_u32() {
+        assert_eq!(size_of::<RepairWindow>(), 20);
+    }
+
+    #[test]
+    fn sockaddr_encodes_port_in_network_order() {
+        let (ss, len) = sockaddr(&"10.1.2.3:8080".parse().unwrap());
+        assert_eq!(len as usize, size_of::<libc::sockaddr_in>());
+        // SAFETY: written as sockaddr_in above.
+        let sin = unsafe { &*(&ss as *const _ as *const libc::sockaddr_in) };
+        assert_eq!(u16::from_be(sin.sin_port), 8080);
+        assert_eq!(sin.sin_addr.s_addr.to_ne_bytes(), [10, 1, 2, 3]);
+    }
+}

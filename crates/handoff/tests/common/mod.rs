@@ -1,0 +1,248 @@
+//! Shared pieces of the root tests: environment checks, a lab that removes
+//! itself, a watchdog, and a small blocking HTTP client.
+#![allow(dead_code)]
+
+pub mod cluster;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use switchyard_handoff::lab::{LabSpec, Topology};
+use switchyard_handoff::netns::{self, NetNs};
+
+/// Decides whether a root test runs: `false` (after printing a skip line)
+/// when SWITCHYARD_SKIP_ROOT_TESTS=1; panics with a clear message when a
+/// privilege, tool or kernel feature is missing.
+pub fn root_test(name: &str) -> bool {
+    if std::env::var("SWITCHYARD_SKIP_ROOT_TESTS").as_deref() == Ok("1") {
+        println!("SKIP {name}: SWITCHYARD_SKIP_ROOT_TESTS=1 (needs root and network namespaces)");
+        return false;
+    }
+    assert!(
+        netns::has_admin_caps(),
+        "{name}: needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) to build network namespaces; \
+         run as root or set SWITCHYARD_SKIP_ROOT_TESTS=1 to skip"
+    );
+    for tool in ["ip", "tc", "nft", "clang", "bpftool", "curl"] {
+        assert!(
+            netns::which(tool).is_some(),
+            "{name}: `{tool}` is missing; run scripts/install-lab-deps"
+        );
+    }
+    assert!(
+        std::path::Path::new("/usr/include/bpf/bpf_helpers.h").exists(),
+        "{name}: libbpf headers missing; run scripts/install-lab-deps"
+    );
+    if let Err(e) = switchyard_handoff::repair::check_capability() {
+        panic!("{name}: TCP_REPAIR unavailable: {e}");
+    }
+    true
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A lab whose namespaces are removed when it drops (also on panic).
+pub struct LabGuard {
+    pub topo: Topology,
+}
+
+impl LabGuard {
+    /// Builds a lab with a prefix unique to this process and test.
+    pub fn new(nodes: usize, clients: usize, link_mbit: Option<u32>) -> LabGuard {
+        sweep_stale_labs();
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let prefix = format!(
+            "syt{}{}",
+            std::process::id() % 100_000,
+            (b'a' + (n % 26) as u8) as char
+        );
+        let spec = LabSpec {
+            prefix,
+            clients,
+            nodes,
+            link_mbit,
+        };
+        let topo = Topology::build(&spec).unwrap_or_else(|e| panic!("building the lab: {e}"));
+        LabGuard { topo }
+    }
+
+    pub fn ns(&self, host: &str) -> NetNs {
+        self.topo.netns(host).expect("host namespace")
+    }
+}
+
+impl Drop for LabGuard {
+    fn drop(&mut self) {
+        Topology::teardown(&self.topo.prefix);
+        let _ = std::fs::remove_dir_all(format!("/run/switchyard/bpf/{}", self.topo.prefix));
+    }
+}
+
+/// Removes labs of earlier test processes that died before cleaning up
+/// (their prefix carries their pid).
+fn sweep_stale_labs() {
+    for name in NetNs::list_prefixed("syt") {
+        let digits: String = name[3..]
+            .chars()
+            .take_while(|c| c.is_ascii_digit())
+            .collect();
+        let Ok(pid) = digits.parse::<u32>() else {
+            continue;
+        };
+        if pid == std::process::id() % 100_000 {
+            continue;
+        }
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            switchyard_handoff::lab::kill_namespace_processes(&name);
+            let _ = NetNs::delete(&name);
+        }
+    }
+}
+
+/// Aborts the whole test process (after removing its labs) if a test runs
+/// past `limit`: a hung handoff must fail, not hang.
+pub fn watchdog(name: &'static str, limit: Duration) -> Watchdog {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if rx.recv_timeout(limit) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+            eprintln!("{name}: timed out after {limit:?}; removing labs and aborting");
+            let prefix = format!("syt{}", std::process::id() % 100_000);
+            Topology::teardown(&prefix);
+            for n in NetNs::list_prefixed(&prefix) {
+                let _ = NetNs::delete(&n);
+            }
+            std::process::exit(101);
+        }
+    });
+    Watchdog { _tx: tx }
+}
+
+/// Dropping it disarms the watchdog.
+pub struct Watchdog {
+    _tx: std::sync::mpsc::Sender<()>,
+}
+
+/// Runs `f` on a thread inside `ns` and returns its result.
+pub fn in_ns<T: Send + 'static>(ns: NetNs, f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        let _g = ns.enter().expect("enter namespace");
+        f()
+    })
+    .join()
+    .expect("thread in namespace panicked")
+}
+
+/// One parsed HTTP response.
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    pub head: String,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Reads one response with a Content-Length body from `s`, using `buf` for
+/// bytes already read.
+pub fn read_response(s: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<Response> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut tmp = vec![0u8; 64 * 1024];
+    loop {
+        if let Some(pos) = find(buf, b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..pos]).into_owned();
+            let status: u16 = head
+                .split_whitespace()
+                .nth(1)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            let len: usize = head
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse().ok())?
+                })
+                .unwrap_or(0);
+            let total = pos + 4 + len;
+            while buf.len() < total {
+                let n = s.read(&mut tmp)?;
+                if n == 0 {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        format!("EOF after {} of {} body bytes", buf.len() - pos - 4, len),
+                    ));
+                }
+                buf.extend_from_slice(&tmp[..n]);
+                if Instant::now() > deadline {
+                    return Err(std::io::ErrorKind::TimedOut.into());
+                }
+            }
+            let body = buf[pos + 4..total].to_vec();
+            buf.drain(..total);
+            return Ok(Response { status, head, body });
+        }
+        let n = s.read(&mut tmp)?;
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "EOF before a response head",
+            ));
+        }
+        buf.extend_from_slice(&tmp[..n]);
+        if Instant::now() > deadline {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+    }
+}
+
+pub fn find(h: &[u8], n: &[u8]) -> Option<usize> {
+    h.windows(n.len()).position(|w| w == n)
+}
+
+/// Connects with timeouts set.
+pub fn connect(addr: SocketAddr) -> std::io::Result<TcpStream> {
+    let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    s.set_write_timeout(Some(Duration::from_secs(10)))?;
+    s.set_nodelay(true)?;
+    Ok(s)
+}
+
+/// Sends the requests for `paths` on one keep-alive connection, one after
+/// the other (or all at once when `pipelined`), and reads the responses.
+pub fn get_many(
+    addr: SocketAddr,
+    paths: &[&str],
+    pipelined: bool,
+) -> std::io::Result<Vec<Response>> {
+    let mut s = connect(addr)?;
+    let mut buf = Vec::new();
+    let mut out = Vec::new();
+    let req = |p: &str| format!("GET {p} HTTP/1.1\r\nHost: lab\r\n\r\n");
+    if pipelined {
+        let all: String = paths.iter().map(|p| req(p)).collect();
+        s.write_all(all.as_bytes())?;
+        for _ in paths {
+            out.push(read_response(&mut s, &mut buf)?);
+        }
+    } else {
+        for p in paths {
+            s.write_all(req(p).as_bytes())?;
+            out.push(read_response(&mut s, &mut buf)?);
+        }
+    }
+    Ok(out)
+}
+
+/// The 5 MB body's deterministic content.
+pub fn big_body() -> Vec<u8> {
+    (0..5 * 1024 * 1024u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect()
+}

@@ -1,0 +1,340 @@
+//! Root tests: real handoffs between network namespaces the tests build and
+//! remove. Without root they fail with a clear message, unless
+//! SWITCHYARD_SKIP_ROOT_TESTS=1 (then they print a skip line).
+
+mod common;
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use common::cluster::{Backend, Cluster, Opts};
+use common::{big_body, connect, get_many, in_ns, read_response, root_test, watchdog};
+use switchyard_handoff::steer::Flow;
+
+#[test]
+fn curl_keepalive_and_pipelined_through_a_handoff() {
+    if !root_test("curl_keepalive_and_pipelined_through_a_handoff") {
+        return;
+    }
+    let _w = watchdog("curl_keepalive_and_pipelined", Duration::from_secs(120));
+    let c = Cluster::start(Opts::default());
+    let vip = c.vip;
+
+    // curl: two requests on one connection (curl reuses it).
+    let url = format!("http://{vip}/hello");
+    let url2 = format!("http://{vip}/n/2");
+    let out = c
+        .client_ns()
+        .run(&["curl", "-sS", "--max-time", "10", &url, &url2])
+        .expect("curl through a handoff");
+    assert!(out.starts_with("hello from node"), "{out}");
+    assert!(out.contains("resp 2 from node"), "{out}");
+
+    // Keep-alive: sequential requests after the move.
+    let r = in_ns(c.client_ns(), move || {
+        get_many(vip, &["/n/1", "/n/2", "/n/3"], false)
+    })
+    .expect("keep-alive");
+    for (i, resp) in r.iter().enumerate() {
+        assert_eq!(resp.status, 200);
+        assert!(
+            resp.text()
+                .starts_with(&format!("resp {} from node", i + 1)),
+            "{}",
+            resp.text()
+        );
+    }
+    // Pipelined: all requests in one write before the first response.
+    let paths: Vec<String> = (0..8).map(|i| format!("/n/{i}")).collect();
+    let r = in_ns(c.client_ns(), move || {
+        let p: Vec<&str> = paths.iter().map(|s| s.as_str()).collect();
+        get_many(vip, &p, true)
+    })
+    .expect("pipelined");
+    assert_eq!(r.len(), 8);
+    for (i, resp) in r.iter().enumerate() {
+        assert!(
+            resp.text().starts_with(&format!("resp {i} from node")),
+            "{}",
+            resp.text()
+        );
+    }
+    c.wait_for("3 handoffs", |s| s.handoffs.load(Relaxed) >= 3);
+    assert_eq!(c.stats.fallbacks.load(Relaxed), 0);
+}
+
+#[test]
+fn five_megabytes_and_multiple_handoff_on_one_connection() {
+    if !root_test("five_megabytes_and_multiple_handoff_on_one_connection") {
+        return;
+    }
+    let _w = watchdog(
+        "five_megabytes_and_multiple_handoff",
+        Duration::from_secs(120),
+    );
+    let c = Cluster::start(Opts::default());
+    let vip = c.vip;
+    let r = in_ns(c.client_ns(), move || {
+        // node A serves /move1 and hands the connection back; the switch
+        // hands it on to node B, which serves the 5 MB body and /move2, and
+        // gives it back again: A → B → A on one keep-alive connection.
+        get_many(vip, &["/move1", "/big", "/move2", "/n/after"], false)
+    })
+    .expect("requests across multiple handoffs");
+    let by: Vec<String> = r
+        .iter()
+        .map(|x| {
+            x.head
+                .lines()
+                .find(|l| l.starts_with("X-Served-By"))
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    assert!(r[0].text().starts_with("/move1 served by node"));
+    assert_eq!(r[1].body.len(), 5 * 1024 * 1024);
+    assert!(r[1].body == big_body(), "5 MB body corrupted");
+    assert_ne!(by[0], by[1], "the connection moved to another node: {by:?}");
+    assert_eq!(by[1], by[2]);
+    assert_ne!(by[2], by[3], "and moved back: {by:?}");
+    assert_eq!(by[3], by[0]);
+    c.wait_for("2 hand-backs", |s| s.hand_backs.load(Relaxed) == 2);
+    assert_eq!(c.stats.fallbacks.load(Relaxed), 0);
+
+    // Pipelined requests across a hand-back: the next requests already read
+    // by node A travel with the HandBack.
+    let r = in_ns(c.client_ns(), move || {
+        get_many(vip, &["/move3", "/n/1", "/n/2"], true)
+    })
+    .expect("pipelined across a move");
+    assert!(r[1].text().starts_with("resp 1 from node"));
+    assert!(r[2].text().starts_with("resp 2 from node"));
+}
+
+#[test]
+fn refused_handoff_falls_back_to_the_switch() {
+    if !root_test("refused_handoff_falls_back_to_the_switch") {
+        return;
+    }
+    let _w = watchdog("refused_handoff_falls_back", Duration::from_secs(120));
+    let c = Cluster::start(Opts {
+        nodes: 1,
+        refusing_nodes: vec![0],
+        ..Opts::default()
+    });
+    let vip = c.vip;
+    let r = in_ns(c.client_ns(), move || {
+        get_many(vip, &["/n/1", "/n/2"], false)
+    })
+    .expect("served after a refusal");
+    assert!(
+        r[0].text().starts_with("resp 1 from switch"),
+        "{}",
+        r[0].text()
+    );
+    assert!(r[1].text().starts_with("resp 2 from switch"));
+    assert_eq!(c.stats.fallbacks.load(Relaxed), 1);
+    assert_eq!(c.steering.live(), 0);
+}
+
+fn reuse_port_case(backend: Backend) {
+    let _w = watchdog("client_reusing_a_source_port", Duration::from_secs(120));
+    // Entries linger long after Closed: the second connection meets a stale one.
+    let c = Cluster::start(Opts {
+        backend,
+        linger: Duration::from_secs(60),
+        ..Opts::default()
+    });
+    let vip = c.vip;
+    let port = 40_000 + (std::process::id() % 20_000) as u16;
+    let get_from = move |path: &str| -> std::io::Result<String> {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+        s.set_reuse_address(true)?;
+        s.bind(&SocketAddr::from(([0, 0, 0, 0], port)).into())?;
+        s.connect_timeout(&vip.into(), Duration::from_secs(5))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut t: TcpStream = s.into();
+        t.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())?;
+        let mut buf = Vec::new();
+        let r = read_response(&mut t, &mut buf)?;
+        // Abortive close: no TIME_WAIT on the client, so the port can be
+        // reused at once; the node sees the reset, the entry stays (linger).
+        socket2::SockRef::from(&t).set_linger(Some(Duration::ZERO))?;
+        Ok(r.text())
+    };
+    let first = in_ns(c.client_ns(), move || get_from("/n/first")).expect("first connection");
+    assert!(first.starts_with("resp first from node"));
+    let flow = Flow::new(
+        SocketAddr::from((c.lab.topo.host("client0").unwrap().ip, port)),
+        vip,
+    )
+    .unwrap();
+    c.wait_for("handoff", |s| s.handoffs.load(Relaxed) == 1);
+    assert_eq!(c.steering.live(), 1, "stale entry present");
+    let t0 = Instant::now();
+    let second = in_ns(c.client_ns(), move || get_from("/n/second"))
+        .expect("second connection on the same source port");
+    assert!(second.starts_with("resp second from node"), "{second}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "reused port took {:?}",
+        t0.elapsed()
+    );
+    c.wait_for("second handoff", |s| s.handoffs.load(Relaxed) == 2);
+    let _ = flow;
+}
+
+#[test]
+fn client_reusing_a_source_port_ebpf() {
+    if !root_test("client_reusing_a_source_port_ebpf") {
+        return;
+    }
+    reuse_port_case(Backend::Ebpf);
+}
+
+#[test]
+fn client_reusing_a_source_port_nftables() {
+    if !root_test("client_reusing_a_source_port_nftables") {
+        return;
+    }
+    reuse_port_case(Backend::Nft);
+}
+
+#[test]
+fn node_killed_after_a_handoff() {
+    if !root_test("node_killed_after_a_handoff") {
+        return;
+    }
+    let _w = watchdog("node_killed_after_a_handoff", Duration::from_secs(120));
+    let mut c = Cluster::start(Opts::default());
+    let vip = c.vip;
+    // An open keep-alive connection on node 0 (round robin: the first goes to node 1).
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (res_tx, res_rx) = std::sync::mpsc::channel();
+    let ns = c.client_ns();
+    let h = std::thread::spawn(move || {
+        let _g = ns.enter().unwrap();
+        let mut conns = Vec::new();
+        for _ in 0..2 {
+            let mut s = connect(vip).unwrap();
+            let mut buf = Vec::new();
+            s.write_all(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+                .unwrap();
+            let r = read_response(&mut s, &mut buf).unwrap();
+            conns.push((s, buf, r.text()));
+        }
+        res_tx
+            .send(conns.iter().map(|c| c.2.clone()).collect::<Vec<_>>())
+            .unwrap();
+        rx.recv().unwrap();
+        // After the kill: the connections on the dead node end (FIN or
+        // reset from its kernel), quickly and without hanging.
+        let mut outcomes = Vec::new();
+        for (mut s, mut buf, who) in conns {
+            let t0 = Instant::now();
+            let r = s
+                .write_all(b"GET /n/x HTTP/1.1\r\nHost: x\r\n\r\n")
+                .and_then(|_| read_response(&mut s, &mut buf));
+            outcomes.push((who, r.map(|r| r.text()).map_err(|e| e.kind()), t0.elapsed()));
+        }
+        outcomes
+    });
+    let first = res_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("two connections");
+    let on0 = first
+        .iter()
+        .position(|t| t.starts_with("hello from node0"))
+        .expect("one connection on node0");
+    c.kill_node(0);
+    std::thread::sleep(Duration::from_millis(300));
+    tx.send(()).unwrap();
+    let outcomes = h.join().unwrap();
+    let (_, r0, took) = &outcomes[on0];
+    assert!(
+        r0.is_err(),
+        "connection on the killed node must end, got {r0:?}"
+    );
+    assert!(*took < Duration::from_secs(5), "ended after {took:?}");
+    let (_, r1, _) = &outcomes[1 - on0];
+    assert!(
+        r1.as_ref()
+            .map(|t| t.starts_with("resp x from node1"))
+            .unwrap_or(false),
+        "{r1:?}"
+    );
+    // New connections go to the surviving node.
+    let r =
+        in_ns(c.client_ns(), move || get_many(vip, &["/n/new"], false)).expect("new connection");
+    assert!(
+        r[0].text().starts_with("resp new from node1"),
+        "{}",
+        r[0].text()
+    );
+}
+
+#[test]
+fn ten_thousand_handed_off_requests() {
+    if !root_test("ten_thousand_handed_off_requests") {
+        return;
+    }
+    let _w = watchdog("ten_thousand_handed_off_requests", Duration::from_secs(300));
+    let c = Cluster::start(Opts {
+        linger: Duration::from_millis(200),
+        ..Opts::default()
+    });
+    let vip = c.vip;
+    const THREADS: usize = 4;
+    const PER: usize = 2_500;
+    let t0 = Instant::now();
+    let handles: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let ns = c.client_ns();
+            std::thread::spawn(move || {
+                let _g = ns.enter().unwrap();
+                let mut errors = Vec::new();
+                for i in 0..PER {
+                    let r = (|| -> std::io::Result<String> {
+                        let mut s = connect(vip)?;
+                        s.write_all(
+                            format!(
+                                "GET /n/{t}-{i} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                            )
+                            .as_bytes(),
+                        )?;
+                        let mut buf = Vec::new();
+                        Ok(read_response(&mut s, &mut buf)?.text())
+                    })();
+                    match r {
+                        Ok(text) if text.starts_with(&format!("resp {t}-{i} from node")) => {}
+                        other => errors.push(format!("{t}-{i}: {other:?}")),
+                    }
+                }
+                errors
+            })
+        })
+        .collect();
+    let errors: Vec<String> = handles
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect();
+    let took = t0.elapsed();
+    println!(
+        "10000 handed-off requests in {took:?} ({:.0}/s), {} errors, fallbacks {}",
+        10_000.0 / took.as_secs_f64(),
+        errors.len(),
+        c.stats.fallbacks.load(Relaxed)
+    );
+    assert!(
+        errors.is_empty(),
+        "{} client-visible errors, first: {:?}",
+        errors.len(),
+        &errors[..errors.len().min(5)]
+    );
+    c.wait_for("10000 handoffs", |s| {
+        s.handoffs.load(Relaxed) + s.fallbacks.load(Relaxed) == 10_000
+    });
+    assert_eq!(c.stats.fallbacks.load(Relaxed), 0);
+}
