@@ -49,6 +49,12 @@ enum Command {
     Trace(switchyard_trace::cli::TraceCommand),
     /// Load generator: closed loop, open-loop rate profiles, trace and session replay.
     Load(switchyard_load::cli::LoadArgs),
+    /// Discrete-event cluster simulator running the real policies and caches.
+    #[command(subcommand)]
+    Sim(switchyard_sim::cli::SimCommand),
+    /// Multi-host lab in network namespaces (clients, switch, nodes; needs root).
+    #[command(subcommand)]
+    Lab(switchyard_handoff::lab::cli::LabCommand),
 }
 
 fn main() -> std::process::ExitCode {
@@ -76,6 +82,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Trace(cmd) => {
             let mut out = std::io::stdout().lock();
             switchyard_trace::cli::run(&cmd, &mut out)?;
+            Ok(())
+        }
+        Command::Sim(cmd) => {
+            let mut out = std::io::stdout().lock();
+            switchyard_sim::cli::run(&cmd, &mut out)?;
+            Ok(())
+        }
+        Command::Lab(cmd) => {
+            let mut out = std::io::stdout().lock();
+            switchyard_handoff::lab::cli::run(&cmd, &mut out)?;
             Ok(())
         }
         Command::Load(args) => {
