@@ -27,7 +27,7 @@ for cmd in wrk curl python3; do
     command -v "$cmd" >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk curl python3; }
 done
 target=${CARGO_TARGET_DIR:-$top/target}
-[ -n "${SKIP_BUILD:-}" ] || (cd "$top" && cargo build --release -q -p switchyard -p switchyard-switch --example switch)
+[ -n "${SKIP_BUILD:-}" ] || (cd "$top" && cargo build --release -q -p switchyard --bin switchyard && cargo build --release -q -p switchyard-switch --example switch)
 bin="$target/release/switchyard"
 if [ -z "${SWITCH_BIN:-}" ]; then
     if "$bin" switch --help >/dev/null 2>&1; then SWITCH_BIN="$bin switch"; else SWITCH_BIN="$target/release/examples/switch"; fi

@@ -33,7 +33,7 @@ for cmd in haproxy nginx wrk curl; do
     fi
 done
 target=${CARGO_TARGET_DIR:-$top/target}
-[ -n "${SKIP_BUILD:-}" ] || (cd "$top" && cargo build --release -q -p switchyard -p switchyard-switch --example switch)
+[ -n "${SKIP_BUILD:-}" ] || (cd "$top" && cargo build --release -q -p switchyard --bin switchyard && cargo build --release -q -p switchyard-switch --example switch)
 bin="$target/release/switchyard"
 if [ -z "${SWITCH_BIN:-}" ]; then
     if "$bin" switch --help >/dev/null 2>&1; then SWITCH_BIN="$bin switch"; else SWITCH_BIN="$target/release/examples/switch"; fi

@@ -249,7 +249,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         ..SwitchConfig::default()
     };
     cfg.policy.name = policy;
-    let rt = runtime::build(0)?;
+    let rt = runtime::build(1)?;
     rt.block_on(async {
         let switch = switchyard_switch::start(cfg).await.with_context(|| {
             format!(

@@ -86,7 +86,9 @@ pub fn run(args: NodeArgs, file: &FileConfig) -> anyhow::Result<()> {
     if cfg.root.as_os_str().is_empty() {
         anyhow::bail!("no document root: pass --root DIR or set [node] root in the config file");
     }
-    let rt = runtime::build(cfg.workers)?;
+    // The node runs its own worker threads; this runtime carries only the
+    // admin listener, load reports and signals.
+    let rt = runtime::build(1)?;
     rt.block_on(async {
         let node = switchyard_node::start(cfg)
             .await

@@ -18,7 +18,8 @@ pub fn init_tracing(level: &str, format: &str) {
     };
 }
 
-/// A multi-threaded runtime with `workers` threads (0: one per core).
+/// A multi-threaded runtime with `workers` threads (0: one per core) for
+/// the process's own chores; the servers run their own worker threads.
 pub fn build(workers: usize) -> anyhow::Result<tokio::runtime::Runtime> {
     let mut b = tokio::runtime::Builder::new_multi_thread();
     if workers > 0 {

@@ -18,7 +18,9 @@ fn config(args: &SwitchArgs, file: &FileConfig) -> SwitchConfig {
 pub fn run(args: SwitchArgs, file: &FileConfig, path: Option<&Path>) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let cfg = config(&args, file);
-    runtime::build(cfg.workers)?.block_on(async {
+    // The switch runs its own worker threads; this runtime carries only
+    // health checks, load reports, the admin listener and signals.
+    runtime::build(1)?.block_on(async {
         let sw = switchyard_switch::start(cfg)
             .await
             .context("switch failed to start")?;

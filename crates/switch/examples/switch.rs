@@ -41,11 +41,13 @@ fn load(cli: &Cli) -> Result<SwitchConfig, String> {
 fn main() -> Result<(), String> {
     let cli = Cli::parse();
     let cfg = load(&cli)?;
-    let mut rt = tokio::runtime::Builder::new_multi_thread();
-    if cfg.workers > 0 {
-        rt.worker_threads(cfg.workers);
-    }
-    let rt = rt.enable_all().build().map_err(|e| e.to_string())?;
+    // Client connections run on the switch's own worker threads; this runtime only carries
+    // health checks, load reports, the admin listener and signals.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
     rt.block_on(async {
         use tokio::signal::unix::{signal, SignalKind};
         let sw = switchyard_switch::start(cfg)

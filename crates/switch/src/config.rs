@@ -112,7 +112,8 @@ pub struct SwitchConfig {
     /// UDP address on which nodes push their load reports (`--report-listen`); none if unset.
     /// Nodes send to it when their `report_to` names it.
     pub report_listen: Option<SocketAddr>,
-    /// Worker threads of the binary's runtime; 0 = one per core (`--workers`).
+    /// Worker threads serving client connections, each a single-threaded runtime with its own
+    /// `SO_REUSEPORT` listener; 0 = one per core (`--workers`).
     pub workers: usize,
     /// Client connections open at once; a connection beyond it is answered 503 and closed
     /// (`--max-connections`).

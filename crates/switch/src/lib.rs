@@ -9,9 +9,13 @@
 //!
 //! # The path of one request
 //!
-//! 1. **Accept** ([`start`], `accept_loop`). One accept loop per worker thread on a listener with
-//!    a deep accept queue. Beyond `max_connections` open client connections a new one is
-//!    answered `503` with `Retry-After` and closed (seed 002 §2.2: refused at accept).
+//! 1. **Accept** ([`start`], `Worker::accept_loop`). The switch runs thread-per-core, like the
+//!    node: `workers` OS threads, each a single-threaded tokio runtime with its own
+//!    `SO_REUSEPORT` listener (deep accept queue) on the same address. A client connection lives
+//!    on the thread that accepted it, and so do the node connections it uses: every backend
+//!    keeps one idle pool per worker thread. Policy, health, metrics and the configuration
+//!    generation are shared by all threads. Beyond `max_connections` open client connections a
+//!    new one is answered `503` with `Retry-After` and closed (seed 002 §2.2: refused at accept).
 //! 2. **Parse** (`relay.rs`, `Client::next_head`). As in the node: an idle connection holds no
 //!    buffers; the head must arrive within `header_timeout_ms` (408), limits give 414/431/413,
 //!    every request-smuggling shape is 400, and the connection closes after an error.
@@ -151,6 +155,8 @@ pub(crate) struct Shared {
     pub refusing: AtomicUsize,
     /// Health-check tasks started, one per backend.
     health_tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Worker threads (fixed for the switch's lifetime).
+    workers: usize,
 }
 
 impl std::fmt::Debug for Shared {
@@ -233,6 +239,11 @@ pub struct RunningSwitch {
     report_addr: Option<SocketAddr>,
     shared: Arc<Shared>,
     stop: watch::Sender<bool>,
+    /// Turned true when the grace period is over: workers drop what is left.
+    abort: watch::Sender<bool>,
+    /// One per worker thread; each says when its listener is closed and its connections are
+    /// done (or abandoned).
+    workers: Vec<std::sync::mpsc::Receiver<()>>,
     tasks: Vec<JoinHandle<()>>,
     reload_lock: tokio::sync::Mutex<()>,
 }
@@ -318,7 +329,8 @@ impl RunningSwitch {
     }
 
     /// Stop accepting, close idle client connections, let busy ones finish their current
-    /// response (with `Connection: close`), and wait for them up to `grace`.
+    /// response (with `Connection: close`), and wait for them up to `grace`; then drop whatever
+    /// is left.
     pub async fn shutdown(self, grace: Duration) {
         let _ = self.stop.send(true);
         for t in &self.tasks {
@@ -327,8 +339,23 @@ impl RunningSwitch {
         for t in self.shared.health_tasks.lock().iter() {
             t.abort();
         }
-        let all = self.shared.slots_total.load(Relaxed);
-        let _ = tokio::time::timeout(grace, self.shared.slots.acquire_many(all)).await;
+        let abort = self.abort;
+        let workers = self.workers;
+        // The workers run on their own threads; wait for them off the caller's runtime.
+        let _ = tokio::task::spawn_blocking(move || {
+            let deadline = Instant::now() + grace;
+            for w in &workers {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if w.recv_timeout(left).is_err() {
+                    break;
+                }
+            }
+            let _ = abort.send(true);
+            for w in &workers {
+                let _ = w.recv_timeout(Duration::from_secs(5));
+            }
+        })
+        .await;
         let g = self.shared.current();
         g.policy.lock().shutdown();
         for b in &g.nodes {
@@ -387,7 +414,7 @@ fn build_generation(
                 b
             }
             None => {
-                let b = Arc::new(Backend::new(e.addr, cfg.pool_max_idle));
+                let b = Arc::new(Backend::new(e.addr, cfg.pool_max_idle, shared.workers));
                 fresh.push(b.clone());
                 b
             }
@@ -434,18 +461,30 @@ fn spawn_health(shared: &Arc<Shared>, b: Arc<Backend>) {
     tasks.push(t);
 }
 
-/// Bind the switch's listeners and start serving on the current tokio runtime.
+/// Bind the switch's listeners and start serving.
+///
+/// Client connections are served by `workers` threads of their own (one per core by default),
+/// each a single-threaded tokio runtime with its own `SO_REUSEPORT` listener; health checks,
+/// the load-report receiver and the admin listener run on the caller's runtime.
 pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
     cfg.validate()?;
-    let listener = switchyard_node::listen(cfg.listen).map_err(|source| SwitchError::Bind {
+    let bind_err = |source| SwitchError::Bind {
         addr: cfg.listen,
         source,
-    })?;
-    let addr = listener.local_addr().map_err(|source| SwitchError::Bind {
-        addr: cfg.listen,
-        source,
-    })?;
+    };
+    let workers = match cfg.workers {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    // The first socket fixes the port (the configured one may be 0).
+    let first = switchyard_node::listen_std(cfg.listen, true).map_err(bind_err)?;
+    let addr = first.local_addr().map_err(bind_err)?;
+    let mut listeners = vec![first];
+    for _ in 1..workers {
+        listeners.push(switchyard_node::listen_std(addr, true).map_err(bind_err)?);
+    }
     let (stop, stop_rx) = watch::channel(false);
+    let (abort, abort_rx) = watch::channel(false);
     let max = cfg.max_connections;
     let placeholder = Generation {
         id: 0,
@@ -471,6 +510,7 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
         slots_total: AtomicU32::new(max as u32),
         refusing: AtomicUsize::new(0),
         health_tasks: Mutex::new(Vec::new()),
+        workers,
     });
     let (gen, fresh) = build_generation(&shared, &cfg, None)?;
     *shared.gen.write() = Arc::new(gen);
@@ -518,16 +558,39 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
         None => None,
     };
 
-    let listener = Arc::new(listener);
-    let loops = match cfg.workers {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        n => n,
-    };
-    for _ in 0..loops {
-        tasks.push(tokio::spawn(accept_loop(listener.clone(), shared.clone())));
+    let mut done = Vec::new();
+    for (i, listener) in listeners.into_iter().enumerate() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let worker = Worker {
+            index: i,
+            shared: shared.clone(),
+            abort: abort_rx.clone(),
+        };
+        let spawned = std::thread::Builder::new()
+            .name(format!("sy-switch-{i}"))
+            .spawn(move || {
+                worker.run(listener);
+                let _ = tx.send(());
+            });
+        if let Err(e) = spawned {
+            // Stop what has started.
+            let _ = stop.send(true);
+            let _ = abort.send(true);
+            for t in &tasks {
+                t.abort();
+            }
+            for t in shared.health_tasks.lock().iter() {
+                t.abort();
+            }
+            return Err(SwitchError::Config(format!(
+                "cannot start worker thread: {e}"
+            )));
+        }
+        done.push(rx);
     }
     tracing::info!(
         %addr,
+        workers,
         nodes = cfg.nodes.len(),
         policy = %cfg.policy.name,
         admin = ?admin_addr,
@@ -540,6 +603,8 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
         report_addr,
         shared,
         stop,
+        abort,
+        workers: done,
         tasks,
         reload_lock: tokio::sync::Mutex::new(()),
     })
@@ -550,31 +615,99 @@ const REFUSE_503: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: te
 /// Most connections over the cap being answered at once; beyond it they are closed unanswered.
 const MAX_REFUSING: usize = 1024;
 
-async fn accept_loop(listener: Arc<TcpListener>, shared: Arc<Shared>) {
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(s) => s,
+/// One worker thread: a single-threaded runtime, its listener, its client connections and the
+/// node connections they use.
+struct Worker {
+    index: usize,
+    shared: Arc<Shared>,
+    abort: watch::Receiver<bool>,
+}
+
+impl Worker {
+    fn run(self, listener: std::net::TcpListener) {
+        backend::set_worker(self.index);
+        let rt = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt,
             Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                continue;
+                tracing::error!(error = %e, "cannot build a worker runtime");
+                return;
             }
         };
-        shared.metrics.connections_total.fetch_add(1, Relaxed);
-        let permit = match shared.slots.clone().try_acquire_owned() {
-            Ok(p) => p,
-            Err(_) => {
-                refuse(&shared, stream);
-                continue;
+        let mut abort = self.abort.clone();
+        rt.block_on(async move {
+            let listener = match TcpListener::from_std(listener) {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot register the listener");
+                    return;
+                }
+            };
+            let live = Arc::new(());
+            let mut stop = self.shared.stop.clone();
+            tokio::select! {
+                _ = self.accept_loop(&listener, &live) => {}
+                _ = stop.wait_for(|s| *s) => {}
             }
-        };
-        shared.metrics.connections_active.fetch_add(1, Relaxed);
-        let shared = shared.clone();
-        tokio::spawn(async move {
-            relay::serve(shared.clone(), stream, peer).await;
-            shared.metrics.connections_active.fetch_sub(1, Relaxed);
-            drop(permit);
+            drop(listener);
+            // Drain: wait until this thread's connections are done, or abort.
+            while Arc::strong_count(&live) > 1 {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+                    _ = abort.wait_for(|a| *a) => break,
+                }
+            }
         });
+        // Dropping the runtime drops the connections that are left.
+    }
+
+    async fn accept_loop(&self, listener: &TcpListener, live: &Arc<()>) {
+        let shared = &self.shared;
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(s) => s,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            };
+            shared.metrics.connections_total.fetch_add(1, Relaxed);
+            let permit = match shared.slots.clone().try_acquire_owned() {
+                Ok(p) => p,
+                Err(_) => {
+                    refuse(shared, stream);
+                    continue;
+                }
+            };
+            shared.metrics.connections_active.fetch_add(1, Relaxed);
+            let held = Held {
+                shared: shared.clone(),
+                _permit: permit,
+                _live: live.clone(),
+            };
+            tokio::spawn(async move {
+                relay::serve(held.shared.clone(), stream, peer).await;
+                drop(held);
+            });
+        }
+    }
+}
+
+/// What a client connection holds while it is open; released also when the connection is
+/// dropped at the end of the grace period.
+struct Held {
+    shared: Arc<Shared>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    _live: Arc<()>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.shared.metrics.connections_active.fetch_sub(1, Relaxed);
     }
 }
 

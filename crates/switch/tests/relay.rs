@@ -64,7 +64,12 @@ fn content_aware_policies_keep_a_target_on_its_node() {
     ] {
         let nodes = cluster(3, &files_ref);
         let addrs: Vec<_> = nodes.iter().map(|n| n.addr).collect();
-        let sw = TestSwitch::start(&addrs, |c| c.policy.name = policy);
+        // No health checks: the nodes' own request counts below must see
+        // only the relayed requests.
+        let sw = TestSwitch::start(&addrs, |c| {
+            c.policy.name = policy;
+            c.health_interval_ms = 0;
+        });
         let mut c = sw.client();
         for round in 0..3 {
             for (i, (p, d)) in files.iter().enumerate() {
@@ -135,7 +140,9 @@ fn pipelined_requests_are_answered_in_order() {
 #[test]
 fn http10_clients_and_node_connection_reuse() {
     let nodes = cluster(1, &[("a", b"abc".to_vec())]);
-    let sw = TestSwitch::start(&[nodes[0].addr], |_| {});
+    // Node connections are pooled per worker thread: with one worker, every client connection
+    // must reuse the same node connection.
+    let sw = TestSwitch::start(&[nodes[0].addr], |c| c.workers = 1);
     // HTTP/1.0 without keep-alive: answered and closed; the node connection is kept.
     for _ in 0..3 {
         let mut c = sw.client();
