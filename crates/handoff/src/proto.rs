@@ -561,6 +561,12 @@ fn put_repair(o: &mut Vec<u8>, s: &RepairState) -> Result<(), ProtoError> {
     if s.send_unsent as usize > s.send_queue.len() {
         return Err(ProtoError::Invalid("unsent part longer than send queue"));
     }
+    if s.snd_wscale > 14 || s.rcv_wscale > 14 {
+        return Err(ProtoError::Invalid("window scale"));
+    }
+    if s.mss > u16::MAX as u32 {
+        return Err(ProtoError::Invalid("mss"));
+    }
     put_u32(o, s.snd_seq);
     put_u32(o, s.rcv_seq);
     put_u32(o, s.mss);

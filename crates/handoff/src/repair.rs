@@ -9,7 +9,9 @@
 //!   *before* [`dump`]; then `TCP_REPAIR = 1`, `TCP_INFO`, `SIOCINQ`,
 //!   `SIOCOUTQ`, `SIOCOUTQNSD`, `TCP_MAXSEG` (the peer's MSS in repair mode),
 //!   `TCP_TIMESTAMP`, `TCP_REPAIR_WINDOW`, then per queue (send, then receive)
-//!   `TCP_REPAIR_QUEUE`, `TCP_QUEUE_SEQ` and the bytes with `MSG_PEEK`. Closing
+//!   `TCP_REPAIR_QUEUE`, `TCP_QUEUE_SEQ` and the bytes with `MSG_PEEK` (the
+//!   receive queue's length, `SIOCINQ`, only when a first peek fills a small
+//!   buffer: it is almost always empty). Closing
 //!   the socket while it is still in repair mode sends neither FIN nor RST.
 //! * restore: `socket` → `SO_REUSEADDR` → `TCP_REPAIR = 1` → `TCP_MAXSEG`
 //!   (before `connect`, else the socket keeps the 536-byte default) → `bind`
@@ -53,6 +55,7 @@ const TCP_REPAIR_OPTIONS: libc::c_int = 22;
 const TCP_TIMESTAMP: libc::c_int = 24;
 const TCP_REPAIR_WINDOW: libc::c_int = 29;
 
+const TCP_REPAIR_OFF_NO_WP: libc::c_int = -1;
 const TCP_RECV_QUEUE: libc::c_int = 1;
 const TCP_SEND_QUEUE: libc::c_int = 2;
 
@@ -256,10 +259,14 @@ pub fn wait_acked(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
     }
 }
 
+/// Selects `queue`, reads its sequence number and peeks its bytes. `len`
+/// is the queue's length when known; `None` peeks into a small buffer first
+/// and asks the kernel for the length only when that buffer fills up (the
+/// receive queue is almost always empty: the switch has read the request).
 fn peek_queue(
     fd: RawFd,
     queue: libc::c_int,
-    len: usize,
+    len: Option<usize>,
     what: &'static str,
 ) -> Result<(u32, Vec<u8>)> {
     step(
@@ -270,25 +277,51 @@ fn peek_queue(
         "getsockopt(TCP_QUEUE_SEQ)",
         getsockopt_raw(fd, libc::IPPROTO_TCP, TCP_QUEUE_SEQ),
     )?;
-    let mut buf = vec![0u8; len];
-    if len > 0 {
-        // SAFETY: buf is valid for len bytes.
+    let peek = |buf: &mut Vec<u8>| -> Result<usize> {
+        // SAFETY: buf is valid for its length.
         let n = unsafe {
             libc::recv(
                 fd,
                 buf.as_mut_ptr() as *mut libc::c_void,
-                len,
+                buf.len(),
                 libc::MSG_PEEK | libc::MSG_DONTWAIT,
             )
         };
         if n < 0 {
-            return Err(HandoffError::last_os(what));
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::WouldBlock {
+                return Ok(0);
+            }
+            return Err(HandoffError::io(what, e));
         }
-        if n as usize != len {
-            return Err(HandoffError::NotMovable(format!(
-                "{what}: peeked {n} of {len} bytes"
-            )));
+        Ok(n as usize)
+    };
+    const PROBE: usize = 2048;
+    let exact = match len {
+        Some(0) => return Ok((seq, Vec::new())),
+        Some(n) => n,
+        None => {
+            let mut buf = vec![0u8; PROBE];
+            let n = peek(&mut buf)?;
+            if n < PROBE {
+                buf.truncate(n);
+                return Ok((seq, buf));
+            }
+            let n = step("ioctl(SIOCINQ)", ioctl_int(fd, SIOCINQ))? as usize;
+            if n > crate::proto::MAX_QUEUE {
+                return Err(HandoffError::NotMovable(format!(
+                    "receive queue of {n} bytes too large to move"
+                )));
+            }
+            n
         }
+    };
+    let mut buf = vec![0u8; exact];
+    let n = peek(&mut buf)?;
+    if n != exact {
+        return Err(HandoffError::NotMovable(format!(
+            "{what}: peeked {n} of {exact} bytes"
+        )));
     }
     Ok((seq, buf))
 }
@@ -299,16 +332,22 @@ fn peek_queue(
 /// client's packets to the taker, so that nothing reaches this socket while
 /// it is being dumped. On success the socket is left in repair mode: drop it
 /// (closing it sends nothing) once the taker has accepted, or call
-/// [`set_repair`]`(fd, false)` to serve it here after all. On error repair
-/// mode is left again (best effort) and the socket is usable as before.
+/// [`leave_repair`] to serve it here after all. On error repair mode is left
+/// again (best effort) and the socket is usable as before.
 pub fn dump(fd: BorrowedFd<'_>) -> Result<RepairState> {
     set_repair(fd, true)?;
     let r = dump_in_repair(fd.as_raw_fd());
     if r.is_err() {
-        let _ = set_int(fd.as_raw_fd(), libc::IPPROTO_TCP, TCP_REPAIR_QUEUE, 0);
-        let _ = set_repair(fd, false);
+        let _ = leave_repair(fd);
     }
     r
+}
+
+/// Leaves repair mode after a [`dump`] whose connection stays here after
+/// all (the taker refused): the socket works as before.
+pub fn leave_repair(fd: BorrowedFd<'_>) -> Result<()> {
+    let _ = set_int(fd.as_raw_fd(), libc::IPPROTO_TCP, TCP_REPAIR_QUEUE, 0);
+    set_repair(fd, false)
 }
 
 fn dump_in_repair(fd: RawFd) -> Result<RepairState> {
@@ -342,14 +381,17 @@ fn dump_in_repair(fd: RawFd) -> Result<RepairState> {
     } else {
         (0, 0)
     };
-    let inq = step("ioctl(SIOCINQ)", ioctl_int(fd, SIOCINQ))? as usize;
     let outq = step("ioctl(SIOCOUTQ)", ioctl_int(fd, SIOCOUTQ))? as usize;
-    let notsent = step("ioctl(SIOCOUTQNSD)", ioctl_int(fd, SIOCOUTQNSD))?;
-    if inq > crate::proto::MAX_QUEUE || outq > crate::proto::MAX_QUEUE {
+    if outq > crate::proto::MAX_QUEUE {
         return Err(HandoffError::NotMovable(format!(
-            "queues too large to move (in {inq}, out {outq})"
+            "send queue of {outq} bytes too large to move"
         )));
     }
+    let notsent = if outq > 0 {
+        step("ioctl(SIOCOUTQNSD)", ioctl_int(fd, SIOCOUTQNSD))?
+    } else {
+        0
+    };
     let mss: libc::c_int = step(
         "getsockopt(TCP_MAXSEG)",
         getsockopt_raw(fd, libc::IPPROTO_TCP, TCP_MAXSEG),
@@ -362,12 +404,8 @@ fn dump_in_repair(fd: RawFd) -> Result<RepairState> {
         "getsockopt(TCP_REPAIR_WINDOW)",
         getsockopt_raw(fd, libc::IPPROTO_TCP, TCP_REPAIR_WINDOW),
     )?;
-    let (snd_seq, send_queue) = peek_queue(fd, TCP_SEND_QUEUE, outq, "peek send queue")?;
-    let (rcv_seq, recv_queue) = peek_queue(fd, TCP_RECV_QUEUE, inq, "peek receive queue")?;
-    step(
-        "setsockopt(TCP_REPAIR_QUEUE)",
-        set_int(fd, libc::IPPROTO_TCP, TCP_REPAIR_QUEUE, 0),
-    )?;
+    let (snd_seq, send_queue) = peek_queue(fd, TCP_SEND_QUEUE, Some(outq), "peek send queue")?;
+    let (rcv_seq, recv_queue) = peek_queue(fd, TCP_RECV_QUEUE, None, "peek receive queue")?;
     Ok(RepairState {
         snd_seq,
         rcv_seq,
@@ -445,6 +483,34 @@ fn send_all_repair(fd: RawFd, mut data: &[u8], what: &'static str) -> Result<()>
 /// [`crate::steer::NoSocketDrop`]). Returns a blocking socket, out of repair
 /// mode, with `SO_REUSEADDR` set.
 pub fn restore(state: &RepairState, local: SocketAddr, peer: SocketAddr) -> Result<OwnedFd> {
+    restore_with(state, local, peer, RestoreOptions::default())
+}
+
+/// Choices of [`restore_with`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RestoreOptions {
+    /// Leave repair mode with `TCP_REPAIR = 0`, which makes the kernel send
+    /// a window probe at once (the notes' behaviour, and the default); with
+    /// `false` it leaves with `TCP_REPAIR_OFF_NO_WP` and the first segment
+    /// out is the response itself. The probe costs about 15 µs of the
+    /// restore on a veth lab (the peer's receive path runs inline) and is
+    /// not needed when the taker answers at once.
+    pub window_probe: bool,
+}
+
+impl Default for RestoreOptions {
+    fn default() -> Self {
+        RestoreOptions { window_probe: true }
+    }
+}
+
+/// [`restore`] with options.
+pub fn restore_with(
+    state: &RepairState,
+    local: SocketAddr,
+    peer: SocketAddr,
+    ropts: RestoreOptions,
+) -> Result<OwnedFd> {
     let family = if local.is_ipv4() {
         libc::AF_INET
     } else {
@@ -560,10 +626,10 @@ pub fn restore(state: &RepairState, local: SocketAddr, peer: SocketAddr) -> Resu
         "setsockopt(TCP_REPAIR_WINDOW)",
         setsockopt_raw(fd, tcp, TCP_REPAIR_WINDOW, &state.window),
     )?;
-    let off: libc::c_int = if std::env::var_os("SY_NO_WP").is_some() {
-        -1
-    } else {
+    let off: libc::c_int = if ropts.window_probe {
         0
+    } else {
+        TCP_REPAIR_OFF_NO_WP
     };
     step(
         "setsockopt(TCP_REPAIR off)",

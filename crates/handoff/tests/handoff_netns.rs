@@ -281,8 +281,10 @@ fn ten_thousand_handed_off_requests() {
         return;
     }
     let _w = watchdog("ten_thousand_handed_off_requests", Duration::from_secs(300));
+    // Nodes restore without the window probe here (the other tests use it).
     let c = Cluster::start(Opts {
         linger: Duration::from_millis(200),
+        window_probe: false,
         ..Opts::default()
     });
     let vip = c.vip;

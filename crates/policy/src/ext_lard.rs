@@ -208,8 +208,11 @@ impl Strategy for ExtLard {
                     core.c.handoffs += 1;
                     Ok(Pick::Handoff { from: h, to: m })
                 } else {
-                    let n = st.last_batch_len.max(1) as u64;
-                    let share = (UNIT / n).max(1);
+                    // N: the batch's size as far as known (the previous batch's, or this one's
+                    // so far); one connection puts at most one unit per batch on a node.
+                    let n = st.last_batch_len.max(st.batch_len).max(1) as u64;
+                    let have = st.charges.iter().find(|(s, _)| *s == m).map_or(0, |c| c.1);
+                    let share = (UNIT / n).max(1).min(UNIT.saturating_sub(have));
                     core.add_held(m, share);
                     match st.charges.iter_mut().find(|(s, _)| *s == m) {
                         Some((_, a)) => *a += share,
@@ -221,6 +224,13 @@ impl Strategy for ExtLard {
                         source: m,
                     })
                 }
+            }
+            // No node caches the target: the handling node reads it and keeps the first copy
+            // (caching it replicates nothing).
+            _ if e.members.is_empty() => {
+                counts.add(e, h);
+                e.last_mod = now;
+                Ok(Pick::serve(h))
             }
             // Read from the handling node's own disk without caching it there (its cache is
             // assumed to be thrashing). Never refused: the connection already sits there.
@@ -344,12 +354,13 @@ mod tests {
         let mut served = vec![d.node()];
         for t in ["/a", "/b", "/c"] {
             let d = p.select(&Request::get(c, t), t1).unwrap();
-            // Nobody caches these: read from the busy disk, not cached.
+            // Nobody caches these: the handling node reads them and keeps
+            // the first copy (caching them replicates nothing).
             assert_eq!(
                 d,
                 Decision::Serve {
                     node: h,
-                    cache: false
+                    cache: true
                 }
             );
             served.push(d.node());

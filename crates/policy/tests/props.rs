@@ -420,7 +420,10 @@ proptest! {
             // New batch: the previous batch's charges are gone.
             charges.clear();
             let mut served = vec![];
+            // Requests of this batch so far, the current one included.
+            let mut so_far = 0u64;
             for &t in ts {
+                so_far += 1;
                 let path = target(t);
                 let req = Request::get(c, &path);
                 let cached_at = p.mapped_nodes(&req);
@@ -433,7 +436,10 @@ proptest! {
                     continue;
                 };
                 let low = queues[h.0 as usize] < threshold;
-                if low || cached_at.contains(&h) {
+                // Served and cached by the handling node: its disk is not busy,
+                // it caches the target already, or nobody does (so caching it
+                // there replicates nothing).
+                if low || cached_at.contains(&h) || cached_at.is_empty() {
                     prop_assert_eq!(d, Decision::Serve { node: h, cache: true });
                     prop_assert!(p.mapped_nodes(&req).contains(&h));
                 } else {
@@ -442,7 +448,12 @@ proptest! {
                         Decision::Forward { handler: fh, source } => {
                             prop_assert_eq!(fh, h);
                             prop_assert!(source != h && cached_at.contains(&source));
-                            *charges.entry(source).or_default() += (1000 / prev_len.max(1)).max(1);
+                            // 1/N with N the batch's size as far as known,
+                            // at most one unit per node and batch.
+                            let n = prev_len.max(so_far).max(1);
+                            let have = charges.get(&source).copied().unwrap_or(0);
+                            let share = (1000 / n).max(1).min(1000u64.saturating_sub(have));
+                            *charges.entry(source).or_default() += share;
                         }
                         other => prop_assert!(false, "unexpected {:?}", other),
                     }

@@ -117,7 +117,6 @@ fn seed_003_findings_hold_on_a_scaled_trace() {
 /// which is the single first request, so forwarded requests pin the nodes' loads at
 /// `L_overload`. `bench/sim/ext-lard-fix.diff` has a change that makes this test pass.
 #[test]
-#[ignore = "needs the ext-lard changes of bench/sim/ext-lard-fix.diff in switchyard-policy"]
 fn extended_lard_with_forwarding_is_near_the_ideal() {
     let r = runs(
         &[SIMPLE_LARD_PHTTP, ZERO_COST, BE_FORWARD, MULTI_HANDOFF],

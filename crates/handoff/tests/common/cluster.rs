@@ -47,6 +47,8 @@ pub struct Opts {
     pub linger: Duration,
     /// Nodes that answer every `Create` with `Drop`.
     pub refusing_nodes: Vec<usize>,
+    /// Nodes leave repair mode with a window probe (the default) or without.
+    pub window_probe: bool,
 }
 
 impl Default for Opts {
@@ -56,6 +58,7 @@ impl Default for Opts {
             backend: Backend::Ebpf,
             linger: Duration::from_millis(500),
             refusing_nodes: vec![],
+            window_probe: true,
         }
     }
 }
@@ -116,13 +119,16 @@ impl Cluster {
             let ip = h.ip;
             let name = h.name.clone();
             let refuse = opts.refusing_nodes.contains(&i);
+            let ropts = repair::RestoreOptions {
+                window_probe: opts.window_probe,
+            };
             threads.push(std::thread::spawn(move || {
                 let _g = ns.enter().unwrap();
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
                     .unwrap();
-                rt.block_on(node_main(name, ip, refuse, kill_rx, ready_tx));
+                rt.block_on(node_main(name, ip, refuse, ropts, kill_rx, ready_tx));
                 rt.shutdown_background();
             }));
             ready_rx
@@ -321,6 +327,7 @@ async fn node_main(
     name: String,
     ip: Ipv4Addr,
     refuse: bool,
+    ropts: repair::RestoreOptions,
     kill: oneshot::Receiver<()>,
     ready: std::sync::mpsc::Sender<()>,
 ) {
@@ -384,7 +391,7 @@ async fn node_main(
                     state.send_queue.len()
                 )
             ));
-            match repair::restore(&state, local, client) {
+            match repair::restore_with(&state, local, client, ropts) {
                 Err(e) => {
                     dbg_log(format!("{name}: restore failed: {e}"));
                     let _ = tx.send(Message::Drop {
@@ -741,7 +748,7 @@ async fn handle_client(sw: Arc<Sw>, mut s: TcpStream, peer: SocketAddr, rr: usiz
     sw.pending.lock().unwrap().remove(&id);
     sw.conns.lock().unwrap().remove(&id);
     let _ = sw.steering.remove(&flow);
-    repair::set_repair(fd.as_fd(), false).expect("leave repair mode");
+    repair::leave_repair(fd.as_fd()).expect("leave repair mode");
     sw.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
     let std = std::net::TcpStream::from(fd);
     std.set_nonblocking(true).unwrap();
