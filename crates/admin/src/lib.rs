@@ -7,6 +7,8 @@
 //! and shares the request parser of the data path, so it has the same
 //! limits and the same answers to bad input.
 
+pub mod encode;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;

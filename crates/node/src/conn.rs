@@ -34,6 +34,7 @@ use switchyard_http::request::{self, BodyFraming, Method, ParseOutcome, RequestH
 use switchyard_http::response::{DateCache, ResponseHead};
 
 use crate::fs::FileInfo;
+use crate::idle::{wait_for_bytes, Wait};
 use crate::store::{CachedObject, Content, Resolved};
 use crate::Ctx;
 
@@ -281,30 +282,14 @@ impl Conn<'_> {
                     self.ctx.idle_timeout
                 };
                 let until = tokio::time::Instant::now() + wait;
-                // Readiness can be stale (the last read did not drain the
-                // socket to EAGAIN), so only real bytes or EOF end the wait;
-                // everything else goes back to watching for shutdown too.
-                loop {
-                    tokio::select! {
-                        r = timeout_at(until, self.stream.readable()) => match r {
-                            Ok(Ok(())) => {}
-                            Ok(Err(_)) => return Err(End::Broken),
-                            Err(_) => {
-                                self.count_timeout();
-                                return Err(End::Quiet);
-                            }
-                        },
-                        _ = self.shutdown.changed() => return Err(End::Quiet),
+                match wait_for_bytes(&self.stream, &mut self.buf, until, &mut self.shutdown).await {
+                    Wait::Data => {}
+                    Wait::Closed | Wait::Shutdown => return Err(End::Quiet),
+                    Wait::TimedOut => {
+                        self.count_timeout();
+                        return Err(End::Quiet);
                     }
-                    self.buf.reserve(4096);
-                    match self.stream.try_read_buf(&mut self.buf) {
-                        Ok(0) => return Err(End::Quiet),
-                        Ok(_) => break,
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            self.buf = BytesMut::new();
-                        }
-                        Err(_) => return Err(End::Broken),
-                    }
+                    Wait::Failed => return Err(End::Broken),
                 }
                 continue;
             }

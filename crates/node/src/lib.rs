@@ -18,6 +18,7 @@ pub mod config;
 mod conn;
 pub mod disk;
 pub mod fs;
+pub mod idle;
 pub mod metrics;
 pub mod report;
 pub mod store;

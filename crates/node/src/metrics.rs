@@ -1,7 +1,7 @@
 //! The node's Prometheus metrics.
 //!
-//! Hot-path counters are plain atomics (one per status code, indexed by
-//! number, so counting a request is one relaxed add and no label lookup);
+//! Hot-path counters are plain atomics (per status code: `StatusCounters`,
+//! so counting a request is one relaxed add and no label lookup);
 //! a collector turns them, and the object cache's own counters, into
 //! metric families at scrape time.
 
@@ -9,18 +9,17 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use switchyard_admin::encode::{counter, gauge, labelled, StatusCounters};
 
 use crate::store::Store;
 
 /// Counters updated by connections.
 #[derive(Debug)]
 pub struct NodeMetrics {
-    status: Box<[AtomicU64]>,
+    status: StatusCounters,
     pub bytes_out: AtomicU64,
     pub sendfile_bytes: AtomicU64,
     pub connections_total: AtomicU64,
@@ -33,7 +32,7 @@ pub struct NodeMetrics {
 impl Default for NodeMetrics {
     fn default() -> Self {
         NodeMetrics {
-            status: (0..600).map(|_| AtomicU64::new(0)).collect(),
+            status: StatusCounters::default(),
             bytes_out: AtomicU64::new(0),
             sendfile_bytes: AtomicU64::new(0),
             connections_total: AtomicU64::new(0),
@@ -48,16 +47,12 @@ impl Default for NodeMetrics {
 impl NodeMetrics {
     /// Count one response with this status code.
     pub fn count_status(&self, code: u16) {
-        if let Some(c) = self.status.get(code as usize) {
-            c.fetch_add(1, Relaxed);
-        }
+        self.status.count(code);
     }
 
     /// Responses sent with `code` so far.
     pub fn status_count(&self, code: u16) -> u64 {
-        self.status
-            .get(code as usize)
-            .map_or(0, |c| c.load(Relaxed))
+        self.status.get(code)
     }
 }
 
@@ -77,35 +72,17 @@ struct NodeCollector {
     store: Arc<Store>,
 }
 
-fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
-    let c = ConstCounter::new(v);
-    c.encode(enc.encode_descriptor(name, help, None, c.metric_type())?)
-}
-
-fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, v: i64) -> std::fmt::Result {
-    let g = ConstGauge::new(v);
-    g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)
-}
-
 impl Collector for NodeCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let m = &self.metrics;
-        {
-            let c = ConstCounter::new(0u64);
-            let mut family = enc.encode_descriptor(
-                "switchyard_node_requests",
-                "Responses sent, by status code",
-                None,
-                c.metric_type(),
-            )?;
-            for (code, n) in m.status.iter().enumerate() {
-                let n = n.load(Relaxed);
-                if n > 0 {
-                    let labels = [("status", code.to_string())];
-                    ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
-                }
-            }
-        }
+        labelled(
+            &mut enc,
+            "switchyard_node_requests",
+            "Responses sent, by status code",
+            "status",
+            true,
+            m.status.nonzero(),
+        )?;
         counter(
             &mut enc,
             "switchyard_node_bytes_out",

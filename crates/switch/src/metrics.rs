@@ -33,11 +33,11 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+
+use switchyard_admin::encode::{counter, gauge, labelled, StatusCounters};
 
 use crate::Shared;
 
@@ -80,7 +80,7 @@ impl Rejection {
 /// Counters of the switch.
 #[derive(Debug)]
 pub struct SwitchMetrics {
-    status: Box<[AtomicU64]>,
+    status: StatusCounters,
     rejections: [AtomicU64; 5],
     /// Client connections accepted.
     pub connections_total: AtomicU64,
@@ -111,7 +111,7 @@ pub struct SwitchMetrics {
 impl Default for SwitchMetrics {
     fn default() -> Self {
         SwitchMetrics {
-            status: (0..600).map(|_| AtomicU64::new(0)).collect(),
+            status: StatusCounters::default(),
             rejections: Default::default(),
             connections_total: AtomicU64::new(0),
             connections_active: AtomicU64::new(0),
@@ -133,16 +133,12 @@ impl Default for SwitchMetrics {
 impl SwitchMetrics {
     /// Count one response with this status code.
     pub fn count_status(&self, code: u16) {
-        if let Some(c) = self.status.get(code as usize) {
-            c.fetch_add(1, Relaxed);
-        }
+        self.status.count(code);
     }
 
     /// Responses sent with `code` so far.
     pub fn status_count(&self, code: u16) -> u64 {
-        self.status
-            .get(code as usize)
-            .map_or(0, |c| c.load(Relaxed))
+        self.status.get(code)
     }
 
     /// Count a refusal.
@@ -174,48 +170,10 @@ struct SwitchCollector {
     shared: Arc<Shared>,
 }
 
-fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
-    let c = ConstCounter::new(v);
-    c.encode(enc.encode_descriptor(name, help, None, c.metric_type())?)
-}
-
-fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, v: i64) -> std::fmt::Result {
-    let g = ConstGauge::new(v);
-    g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)
-}
-
-/// A family with one label.
-fn labelled<I: IntoIterator<Item = (String, u64)>>(
-    enc: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    label: &str,
-    is_counter: bool,
-    values: I,
-) -> std::fmt::Result {
-    if is_counter {
-        let c = ConstCounter::new(0u64);
-        let mut f = enc.encode_descriptor(name, help, None, c.metric_type())?;
-        for (l, v) in values {
-            ConstCounter::new(v).encode(f.encode_family(&[(label, l)])?)?;
-        }
-    } else {
-        let g = ConstGauge::new(0i64);
-        let mut f = enc.encode_descriptor(name, help, None, g.metric_type())?;
-        for (l, v) in values {
-            ConstGauge::new(v as i64).encode(f.encode_family(&[(label, l)])?)?;
-        }
-    }
-    Ok(())
-}
-
 impl Collector for SwitchCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let m = &self.shared.metrics;
-        let statuses = m.status.iter().enumerate().filter_map(|(code, n)| {
-            let n = n.load(Relaxed);
-            (n > 0).then(|| (code.to_string(), n))
-        });
+        let statuses = m.status.nonzero();
         labelled(
             &mut enc,
             "switchyard_switch_requests",

@@ -14,6 +14,7 @@ use bytes::{Buf, BytesMut};
 use switchyard_http::chunked::ChunkedDecoder;
 use switchyard_http::request::{self, BodyFraming, ParseOutcome, RequestHead, Version};
 use switchyard_http::response::ResponseHead;
+use switchyard_node::idle::{wait_for_bytes, Wait};
 use switchyard_policy::{ConnId, NodeId, Outcome, Reject, Request as PolicyRequest};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
@@ -155,31 +156,14 @@ impl Client {
                 self.fwd = Vec::new();
                 let wait = if first { t.header } else { t.idle };
                 let until = tokio::time::Instant::now() + wait;
-                // Readiness can be stale (the last read did not drain the
-                // socket to EAGAIN), so only real bytes or EOF end the wait;
-                // otherwise the task would block in a read that no longer
-                // watches for shutdown.
-                loop {
-                    tokio::select! {
-                        r = timeout_at(until, self.stream.readable()) => match r {
-                            Ok(Ok(())) => {}
-                            Ok(Err(_)) => return Err(End::Broken),
-                            Err(_) => {
-                                self.shared.metrics.timeouts.fetch_add(1, Relaxed);
-                                return Err(End::Quiet);
-                            }
-                        },
-                        _ = self.stop.changed() => return Err(End::Quiet),
+                match wait_for_bytes(&self.stream, &mut self.buf, until, &mut self.stop).await {
+                    Wait::Data => {}
+                    Wait::Closed | Wait::Shutdown => return Err(End::Quiet),
+                    Wait::TimedOut => {
+                        self.shared.metrics.timeouts.fetch_add(1, Relaxed);
+                        return Err(End::Quiet);
                     }
-                    self.buf.reserve(4096);
-                    match self.stream.try_read_buf(&mut self.buf) {
-                        Ok(0) => return Err(End::Quiet),
-                        Ok(_) => break,
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            self.buf = BytesMut::new();
-                        }
-                        Err(_) => return Err(End::Broken),
-                    }
+                    Wait::Failed => return Err(End::Broken),
                 }
                 continue;
             }
