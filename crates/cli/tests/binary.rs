@@ -104,13 +104,23 @@ fn demo_serves_the_site_and_metrics_then_stops_cleanly() {
     assert_eq!(body, std::fs::read(format!("{dir}/pages/p1.html")).unwrap());
     let (st, body) = get(&format!("{site}large/l0.bin"));
     assert_eq!((st, body.len()), (200, 2 * 1024 * 1024));
-    let (st, text) = get(&metrics);
-    assert_eq!(st, 200);
-    let text = String::from_utf8(text).unwrap();
-    assert!(
-        text.contains("switchyard_switch_requests_total{status=\"200\"} 3"),
-        "{text}"
-    );
+    // The switch counts a request once its response has reached the
+    // client, so the client may see the bytes a moment before the count.
+    let want = "switchyard_switch_requests_total{status=\"200\"} 3";
+    let t = Instant::now();
+    loop {
+        let (st, text) = get(&metrics);
+        assert_eq!(st, 200);
+        let text = String::from_utf8(text).unwrap();
+        if text.contains(want) {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{want} missing in\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     // Four node processes stand behind the switch, and between them they
     // served the three requests (plus any health checks so far).
     assert_eq!(node_metrics.len(), 4, "{node_metrics:?}");

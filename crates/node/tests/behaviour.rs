@@ -184,10 +184,18 @@ fn metrics_count_requests_by_status_and_bytes() {
         text.contains("switchyard_node_requests_total{status=\"404\"} 1"),
         "{text}"
     );
-    assert!(
-        text.contains("switchyard_node_response_seconds_count 4"),
-        "{text}"
-    );
+    // The response time is observed just after the response is handed to
+    // the kernel, so the client can see its bytes a moment before the count.
+    let t = Instant::now();
+    while n.metric("switchyard_node_response_seconds_count") < 4.0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "response times never counted:\n{}",
+            n.metrics()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(n.metric("switchyard_node_response_seconds_count"), 4.0);
     assert!(n.metric("switchyard_node_bytes_out_total") > 15.0);
     assert_eq!(n.metric("switchyard_node_connections_active"), 1.0);
     assert_eq!(n.metric("switchyard_node_connections_total"), 1.0);

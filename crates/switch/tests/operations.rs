@@ -410,6 +410,11 @@ fn nodes_push_load_reports_and_metrics_show_nodes_and_policy() {
         >= 2.0));
     let stats = sw.sw().policy_stats();
     assert!(stats.nodes.iter().any(|n| n.report.is_some()), "{stats:?}");
+    // A request is counted once its response has reached the client, so the
+    // client can see the last response a moment before the counters do.
+    assert!(eventually(Duration::from_secs(3), || sw
+        .metric("switchyard_switch_relay_seconds_count")
+        >= 10.0));
     let text = sw.metrics();
     for family in [
         "switchyard_switch_requests_total{status=\"200\"} 10",
