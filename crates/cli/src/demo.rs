@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write as _};
 use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -121,25 +122,34 @@ impl NodeProcess {
     /// says where it serves.
     fn spawn(root: &Path, cache_bytes: u64) -> anyhow::Result<NodeProcess> {
         let exe = std::env::current_exe().context("cannot find the switchyard binary")?;
-        let mut child = Command::new(exe)
-            .args([
-                "--log-format",
-                "text",
-                "node",
-                "--listen",
-                "127.0.0.1:0",
-                "--admin",
-                "127.0.0.1:0",
-            ])
-            .arg("--root")
-            .arg(root)
-            .args(["--cache-bytes", &cache_bytes.to_string(), "--workers", "1"])
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("cannot start a node process")?;
+        let mut cmd = Command::new(exe);
+        cmd.args([
+            "--log-format",
+            "text",
+            "node",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+        ])
+        .arg("--root")
+        .arg(root)
+        .args(["--cache-bytes", &cache_bytes.to_string(), "--workers", "1"])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+        // A node must not outlive the demo, however the demo ends: the
+        // kernel sends it SIGTERM when the demo's main thread exits.
+        // SAFETY: the closure runs in the child between fork and exec and
+        // only makes the async-signal-safe prctl(2) call.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
+                    .map_err(std::io::Error::from)
+            });
+        }
+        let mut child = cmd.spawn().context("cannot start a node process")?;
         let stderr = child.stderr.take().expect("piped");
         let mut lines = BufReader::new(stderr).lines();
         let mut addr = None;

@@ -232,3 +232,55 @@ fn bad_input_gives_clear_errors() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/no/such.toml"));
 }
+
+#[test]
+fn demo_nodes_do_not_outlive_a_killed_demo() {
+    let child = bin()
+        .args([
+            "demo",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+            "--nodes",
+            "2",
+            "--duration",
+            "60",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut run = Running(child);
+    let out = run.0.stdout.take().unwrap();
+    let mut nodes = Vec::new();
+    for line in BufReader::new(out).lines() {
+        let line = line.unwrap();
+        if let Some(i) = line.find("(node ") {
+            let addr = line[i..]
+                .split(" at ")
+                .nth(1)
+                .unwrap()
+                .trim_end_matches(')');
+            nodes.push(addr.to_owned());
+        }
+        if line.starts_with("Press Ctrl-C") {
+            break;
+        }
+    }
+    assert_eq!(nodes.len(), 2, "{nodes:?}");
+    for n in &nodes {
+        assert!(TcpStream::connect(n).is_ok(), "node {n} not serving");
+    }
+    // No chance to clean up: the nodes must still go.
+    run.0.kill().unwrap();
+    run.0.wait().unwrap();
+    let t = Instant::now();
+    while nodes.iter().any(|n| TcpStream::connect(n).is_ok()) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "a node outlived the demo: {nodes:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
