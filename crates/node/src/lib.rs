@@ -22,6 +22,7 @@ pub mod idle;
 pub mod metrics;
 pub mod report;
 pub mod store;
+pub mod workers;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -39,6 +40,7 @@ use tokio::task::JoinHandle;
 pub use config::{DiskConfig, NodeConfig};
 pub use metrics::NodeMetrics;
 pub use store::Store;
+use workers::{Live, Workers};
 
 /// Errors that stop a node from starting.
 #[derive(Debug, Error)]
@@ -77,11 +79,7 @@ pub struct RunningNode {
     metrics: Arc<NodeMetrics>,
     store: Arc<Store>,
     stop: watch::Sender<bool>,
-    /// Turned true when the grace period is over: workers drop what is left.
-    abort: watch::Sender<bool>,
-    /// One per worker; each says when its listener is closed and its
-    /// connections are done (or abandoned).
-    workers: Vec<std::sync::mpsc::Receiver<()>>,
+    workers: Workers,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -114,24 +112,7 @@ impl RunningNode {
         for t in &self.tasks {
             t.abort();
         }
-        let abort = self.abort;
-        let workers = self.workers;
-        // The workers run on their own threads; wait for them off the
-        // caller's runtime.
-        let _ = tokio::task::spawn_blocking(move || {
-            let deadline = std::time::Instant::now() + grace;
-            for w in &workers {
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
-                if w.recv_timeout(left).is_err() {
-                    break;
-                }
-            }
-            let _ = abort.send(true);
-            for w in &workers {
-                let _ = w.recv_timeout(Duration::from_secs(5));
-            }
-        })
-        .await;
+        self.workers.finish(grace).await;
     }
 }
 
@@ -202,7 +183,6 @@ pub async fn start(cfg: NodeConfig) -> Result<RunningNode, NodeError> {
         listeners.push(listen_std(addr, true).map_err(bind_err)?);
     }
     let (stop, stop_rx) = watch::channel(false);
-    let (abort, abort_rx) = watch::channel(false);
     let mut tasks = Vec::new();
 
     let admin_addr = match cfg.admin {
@@ -236,86 +216,39 @@ pub async fn start(cfg: NodeConfig) -> Result<RunningNode, NodeError> {
 
     // The connection cap is shared by all workers.
     let slots = Arc::new(Semaphore::new(cfg.max_connections));
-    let mut done = Vec::new();
-    for (i, listener) in listeners.into_iter().enumerate() {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let worker = Worker {
-            ctx: ctx.clone(),
-            slots: slots.clone(),
-            stop: stop_rx.clone(),
-            abort: abort_rx.clone(),
-            reporter: reporter.clone(),
-        };
-        std::thread::Builder::new()
-            .name(format!("sy-node-{i}"))
-            .spawn(move || {
-                worker.run(listener);
-                let _ = tx.send(());
-            })
-            .map_err(|e| NodeError::Config(format!("cannot start worker thread: {e}")))?;
-        done.push(rx);
-    }
-    tracing::info!(%addr, workers, root = %cfg.root.display(), admin = ?admin_addr, "node serving");
+    let worker = Arc::new(Worker {
+        ctx: ctx.clone(),
+        slots,
+        stop: stop_rx.clone(),
+        reporter,
+    });
+    let workers = Workers::spawn("sy-node", listeners, stop_rx, move |_, listener, live| {
+        let worker = worker.clone();
+        async move { worker.accept_loop(&listener, &live).await }
+    })
+    .map_err(|e| NodeError::Config(format!("cannot start worker thread: {e}")))?;
+    tracing::info!(%addr, root = %cfg.root.display(), admin = ?admin_addr, "node serving");
     Ok(RunningNode {
         addr,
         admin_addr,
         metrics,
         store,
         stop,
-        abort,
-        workers: done,
+        workers,
         tasks,
     })
 }
 
-/// One worker thread: a single-threaded runtime, its listener and its connections.
+/// What every worker thread's accept loop shares.
 struct Worker {
     ctx: Arc<Ctx>,
     slots: Arc<Semaphore>,
     stop: watch::Receiver<bool>,
-    abort: watch::Receiver<bool>,
     reporter: Option<Arc<report::Reporter>>,
 }
 
 impl Worker {
-    fn run(self, listener: std::net::TcpListener) {
-        let rt = match tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        {
-            Ok(rt) => rt,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot build a worker runtime");
-                return;
-            }
-        };
-        let mut abort = self.abort.clone();
-        rt.block_on(async move {
-            let listener = match TcpListener::from_std(listener) {
-                Ok(l) => l,
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot register the listener");
-                    return;
-                }
-            };
-            let live = Arc::new(());
-            let mut stop = self.stop.clone();
-            tokio::select! {
-                _ = self.accept_loop(&listener, &live) => {}
-                _ = stop.wait_for(|s| *s) => {}
-            }
-            drop(listener);
-            // Drain: wait until this thread's connections are done, or abort.
-            while Arc::strong_count(&live) > 1 {
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_millis(10)) => {}
-                    _ = abort.wait_for(|a| *a) => break,
-                }
-            }
-        });
-    }
-
-    async fn accept_loop(&self, listener: &TcpListener, live: &Arc<()>) {
+    async fn accept_loop(&self, listener: &TcpListener, live: &Live) {
         use std::sync::atomic::Ordering::Relaxed;
         loop {
             let Ok(permit) = self.slots.clone().acquire_owned().await else {

@@ -75,6 +75,7 @@ use parking_lot::{Mutex, RwLock};
 use prometheus_client::registry::Registry;
 use switchyard_admin::{Admin, Page};
 use switchyard_http::request::Limits;
+use switchyard_node::workers::{Live, Workers};
 use switchyard_policy::{NodeId, NodeSpec, Policy};
 use thiserror::Error;
 use tokio::net::TcpListener;
@@ -239,11 +240,8 @@ pub struct RunningSwitch {
     report_addr: Option<SocketAddr>,
     shared: Arc<Shared>,
     stop: watch::Sender<bool>,
-    /// Turned true when the grace period is over: workers drop what is left.
-    abort: watch::Sender<bool>,
-    /// One per worker thread; each says when its listener is closed and its connections are
-    /// done (or abandoned).
-    workers: Vec<std::sync::mpsc::Receiver<()>>,
+    /// The worker threads: accept, relay, drain.
+    workers: Workers,
     tasks: Vec<JoinHandle<()>>,
     reload_lock: tokio::sync::Mutex<()>,
 }
@@ -339,23 +337,7 @@ impl RunningSwitch {
         for t in self.shared.health_tasks.lock().iter() {
             t.abort();
         }
-        let abort = self.abort;
-        let workers = self.workers;
-        // The workers run on their own threads; wait for them off the caller's runtime.
-        let _ = tokio::task::spawn_blocking(move || {
-            let deadline = Instant::now() + grace;
-            for w in &workers {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if w.recv_timeout(left).is_err() {
-                    break;
-                }
-            }
-            let _ = abort.send(true);
-            for w in &workers {
-                let _ = w.recv_timeout(Duration::from_secs(5));
-            }
-        })
-        .await;
+        self.workers.finish(grace).await;
         let g = self.shared.current();
         g.policy.lock().shutdown();
         for b in &g.nodes {
@@ -484,7 +466,6 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
         listeners.push(switchyard_node::listen_std(addr, true).map_err(bind_err)?);
     }
     let (stop, stop_rx) = watch::channel(false);
-    let (abort, abort_rx) = watch::channel(false);
     let max = cfg.max_connections;
     let placeholder = Generation {
         id: 0,
@@ -558,24 +539,26 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
         None => None,
     };
 
-    let mut done = Vec::new();
-    for (i, listener) in listeners.into_iter().enumerate() {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let worker = Worker {
-            index: i,
-            shared: shared.clone(),
-            abort: abort_rx.clone(),
-        };
-        let spawned = std::thread::Builder::new()
-            .name(format!("sy-switch-{i}"))
-            .spawn(move || {
-                worker.run(listener);
-                let _ = tx.send(());
-            });
-        if let Err(e) = spawned {
+    let accept_shared = shared.clone();
+    let spawned = Workers::spawn(
+        "sy-switch",
+        listeners,
+        stop_rx,
+        move |index, listener, live| {
+            let worker = Worker {
+                shared: accept_shared.clone(),
+            };
+            async move {
+                backend::set_worker(index);
+                worker.accept_loop(&listener, &live).await
+            }
+        },
+    );
+    let workers_running = match spawned {
+        Ok(w) => w,
+        Err(e) => {
             // Stop what has started.
             let _ = stop.send(true);
-            let _ = abort.send(true);
             for t in &tasks {
                 t.abort();
             }
@@ -586,8 +569,7 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
                 "cannot start worker thread: {e}"
             )));
         }
-        done.push(rx);
-    }
+    };
     tracing::info!(
         %addr,
         workers,
@@ -603,8 +585,7 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
         report_addr,
         shared,
         stop,
-        abort,
-        workers: done,
+        workers: workers_running,
         tasks,
         reload_lock: tokio::sync::Mutex::new(()),
     })
@@ -615,55 +596,14 @@ const REFUSE_503: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: te
 /// Most connections over the cap being answered at once; beyond it they are closed unanswered.
 const MAX_REFUSING: usize = 1024;
 
-/// One worker thread: a single-threaded runtime, its listener, its client connections and the
-/// node connections they use.
+/// A worker thread's accept loop: its client connections and the node
+/// connections they use stay on its thread (`backend::set_worker`).
 struct Worker {
-    index: usize,
     shared: Arc<Shared>,
-    abort: watch::Receiver<bool>,
 }
 
 impl Worker {
-    fn run(self, listener: std::net::TcpListener) {
-        backend::set_worker(self.index);
-        let rt = match tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        {
-            Ok(rt) => rt,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot build a worker runtime");
-                return;
-            }
-        };
-        let mut abort = self.abort.clone();
-        rt.block_on(async move {
-            let listener = match TcpListener::from_std(listener) {
-                Ok(l) => l,
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot register the listener");
-                    return;
-                }
-            };
-            let live = Arc::new(());
-            let mut stop = self.shared.stop.clone();
-            tokio::select! {
-                _ = self.accept_loop(&listener, &live) => {}
-                _ = stop.wait_for(|s| *s) => {}
-            }
-            drop(listener);
-            // Drain: wait until this thread's connections are done, or abort.
-            while Arc::strong_count(&live) > 1 {
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_millis(10)) => {}
-                    _ = abort.wait_for(|a| *a) => break,
-                }
-            }
-        });
-        // Dropping the runtime drops the connections that are left.
-    }
-
-    async fn accept_loop(&self, listener: &TcpListener, live: &Arc<()>) {
+    async fn accept_loop(&self, listener: &TcpListener, live: &Live) {
         let shared = &self.shared;
         loop {
             let (stream, peer) = match listener.accept().await {
