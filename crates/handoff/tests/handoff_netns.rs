@@ -309,8 +309,12 @@ fn ten_thousand_handed_off_requests() {
                         let mut buf = Vec::new();
                         Ok(read_response(&mut s, &mut buf)?.text())
                     })();
+                    // A correct answer from the switch is a fallback to
+                    // relaying (counted below), not a client-visible error.
                     match r {
-                        Ok(text) if text.starts_with(&format!("resp {t}-{i} from node")) => {}
+                        Ok(text)
+                            if text.starts_with(&format!("resp {t}-{i} from node"))
+                                || text.starts_with(&format!("resp {t}-{i} from switch")) => {}
                         other => errors.push(format!("{t}-{i}: {other:?}")),
                     }
                 }
@@ -338,5 +342,12 @@ fn ten_thousand_handed_off_requests() {
     c.wait_for("10000 handoffs", |s| {
         s.handoffs.load(Relaxed) + s.fallbacks.load(Relaxed) == 10_000
     });
+    // Handoff must carry the load: fallbacks (a node slow to accept under
+    // load) stay rare.
+    let fallbacks = c.stats.fallbacks.load(Relaxed);
+    assert!(
+        fallbacks <= 100,
+        "{fallbacks} of 10000 requests fell back to relaying"
+    );
     assert_eq!(c.stats.fallbacks.load(Relaxed), 0);
 }
