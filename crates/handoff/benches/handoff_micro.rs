@@ -188,6 +188,7 @@ fn main() {
                 local,
                 transfer: Transfer::Repair(Box::new(state)),
                 preread: buf[..got].to_vec(),
+                route: false,
             }
             .encode(&mut frame)
             .unwrap();

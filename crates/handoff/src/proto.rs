@@ -40,6 +40,8 @@ pub const MAX_PREREAD: usize = 1 << 20;
 pub const MAX_QUEUE: usize = 8 << 20;
 /// Largest string (reasons, names).
 pub const MAX_STRING: usize = 1024;
+/// Largest request target or host in a `Route` query.
+pub const MAX_TARGET: usize = 16 * 1024;
 
 /// Why a frame could not be decoded or encoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -119,6 +121,21 @@ impl DropReason {
     }
 }
 
+/// The switch's answer to a `Route` query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteAction {
+    /// Serve the request from this node's own cache or disk.
+    Serve,
+    /// Back-end forwarding (seed 003 §3.3): fetch the response from the
+    /// node whose HTTP listener is at this address and send it on the
+    /// client connection.
+    Forward(SocketAddr),
+    /// Multiple handoff: once everything sent is acknowledged, give the
+    /// connection back (`HandBack`) with this request unread; the switch
+    /// hands it to the node that serves it.
+    HandBack,
+}
+
 /// Load report of the distributed load monitor (seed 004 §2.2), pushed on
 /// events rather than on a timer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -155,6 +172,10 @@ pub enum Message {
         transfer: Transfer,
         /// Request bytes the switch already read from the socket.
         preread: Vec<u8>,
+        /// Ask the switch (`Route`) before serving each further request on
+        /// this connection (multiple handoff, back-end forwarding). Without
+        /// it the node serves the whole connection itself (single handoff).
+        route: bool,
     },
     /// Node → switch: the connection is restored and served.
     Accepted {
@@ -195,6 +216,40 @@ pub enum Message {
     },
     /// Node → switch: load report.
     Load(LoadReport),
+    /// Node → switch: the next request on a connection created with
+    /// `route`; the node waits for the `Routed` answer before serving it.
+    Route {
+        /// Connection id.
+        id: u64,
+        /// Request number on the connection, echoed in the answer.
+        seq: u64,
+        /// Request method.
+        method: String,
+        /// Host header, if any.
+        host: Option<String>,
+        /// Request target.
+        target: String,
+    },
+    /// Switch → node: how to serve the request of a `Route`.
+    Routed {
+        /// Connection id.
+        id: u64,
+        /// The `Route`'s request number.
+        seq: u64,
+        /// What to do.
+        action: RouteAction,
+    },
+    /// Node → switch: a request the switch dispatched (the first one of a
+    /// `Create`, and each one answered by `Routed`) has been answered; the
+    /// switch's policy counts it finished.
+    Served {
+        /// Connection id.
+        id: u64,
+        /// Response status.
+        status: u16,
+        /// Response bytes sent.
+        bytes: u64,
+    },
     /// Liveness probe.
     Ping {
         /// Echoed in the `Pong`.
@@ -217,7 +272,14 @@ mod op {
     pub const LOAD: u8 = 7;
     pub const PING: u8 = 8;
     pub const PONG: u8 = 9;
+    pub const ROUTE: u8 = 10;
+    pub const ROUTED: u8 = 11;
+    pub const SERVED: u8 = 12;
 }
+
+const ACTION_SERVE: u8 = 1;
+const ACTION_FORWARD: u8 = 2;
+const ACTION_HANDBACK: u8 = 3;
 
 const TRANSFER_FD: u8 = 1;
 const TRANSFER_REPAIR: u8 = 2;
@@ -234,6 +296,9 @@ impl Message {
             Message::Load(_) => op::LOAD,
             Message::Ping { .. } => op::PING,
             Message::Pong { .. } => op::PONG,
+            Message::Route { .. } => op::ROUTE,
+            Message::Routed { .. } => op::ROUTED,
+            Message::Served { .. } => op::SERVED,
         }
     }
 
@@ -258,7 +323,10 @@ impl Message {
             | Message::Accepted { id }
             | Message::Drop { id, .. }
             | Message::Closed { id, .. }
-            | Message::HandBack { id, .. } => Some(*id),
+            | Message::HandBack { id, .. }
+            | Message::Route { id, .. }
+            | Message::Routed { id, .. }
+            | Message::Served { id, .. } => Some(*id),
             _ => None,
         }
     }
@@ -305,12 +373,14 @@ impl Message {
                 local,
                 transfer,
                 preread,
+                route,
             } => {
                 put_u64(o, *id);
                 put_addr(o, client);
                 put_addr(o, local);
                 put_transfer(o, transfer)?;
                 put_bytes(o, preread, "preread", MAX_PREREAD)?;
+                o.push(u8::from(*route));
             }
             Message::Accepted { id } => put_u64(o, *id),
             Message::Drop { id, reason, detail } => {
@@ -348,6 +418,42 @@ impl Message {
                 put_u64(o, l.bytes_out);
             }
             Message::Ping { nonce } | Message::Pong { nonce } => put_u64(o, *nonce),
+            Message::Route {
+                id,
+                seq,
+                method,
+                host,
+                target,
+            } => {
+                put_u64(o, *id);
+                put_u64(o, *seq);
+                put_str(o, method, "method")?;
+                match host {
+                    None => o.push(0),
+                    Some(h) => {
+                        o.push(1);
+                        put_bytes(o, h.as_bytes(), "host", MAX_TARGET)?;
+                    }
+                }
+                put_bytes(o, target.as_bytes(), "target", MAX_TARGET)?;
+            }
+            Message::Routed { id, seq, action } => {
+                put_u64(o, *id);
+                put_u64(o, *seq);
+                match action {
+                    RouteAction::Serve => o.push(ACTION_SERVE),
+                    RouteAction::Forward(a) => {
+                        o.push(ACTION_FORWARD);
+                        put_addr(o, a);
+                    }
+                    RouteAction::HandBack => o.push(ACTION_HANDBACK),
+                }
+            }
+            Message::Served { id, status, bytes } => {
+                put_u64(o, *id);
+                put_u16(o, *status);
+                put_u64(o, *bytes);
+            }
         }
         Ok(())
     }
@@ -376,6 +482,7 @@ impl Message {
                 local: r.addr()?,
                 transfer: r.transfer()?,
                 preread: r.bytes("preread", MAX_PREREAD)?,
+                route: r.flag("route")?,
             },
             op::ACCEPTED => Message::Accepted { id: r.u64("id")? },
             op::DROP => Message::Drop {
@@ -409,6 +516,32 @@ impl Message {
             op::PONG => Message::Pong {
                 nonce: r.u64("nonce")?,
             },
+            op::ROUTE => Message::Route {
+                id: r.u64("id")?,
+                seq: r.u64("seq")?,
+                method: r.string("method")?,
+                host: if r.flag("host")? {
+                    Some(r.text("host", MAX_TARGET)?)
+                } else {
+                    None
+                },
+                target: r.text("target", MAX_TARGET)?,
+            },
+            op::ROUTED => Message::Routed {
+                id: r.u64("id")?,
+                seq: r.u64("seq")?,
+                action: match r.u8("action")? {
+                    ACTION_SERVE => RouteAction::Serve,
+                    ACTION_FORWARD => RouteAction::Forward(r.addr()?),
+                    ACTION_HANDBACK => RouteAction::HandBack,
+                    _ => return Err(ProtoError::Invalid("route action")),
+                },
+            },
+            op::SERVED => Message::Served {
+                id: r.u64("id")?,
+                status: r.u16("status")?,
+                bytes: r.u64("bytes")?,
+            },
             other => return Err(ProtoError::UnknownOpcode(other)),
         };
         if !r.b.is_empty() {
@@ -427,7 +560,7 @@ pub fn check_header(buf: &[u8]) -> Result<Option<usize>, ProtoError> {
     if buf.len() >= 3 && buf[2] != VERSION {
         return Err(ProtoError::BadVersion(buf[2]));
     }
-    if buf.len() >= 4 && !(op::HELLO..=op::PONG).contains(&buf[3]) {
+    if buf.len() >= 4 && !(op::HELLO..=op::SERVED).contains(&buf[3]) {
         return Err(ProtoError::UnknownOpcode(buf[3]));
     }
     if buf.len() < HEADER_LEN {
@@ -622,8 +755,19 @@ impl<'a> Reader<'a> {
         Ok(self.take(len, what)?.to_vec())
     }
     fn string(&mut self, what: &'static str) -> Result<String, ProtoError> {
-        let b = self.bytes(what, MAX_STRING)?;
+        self.text(what, MAX_STRING)
+    }
+    fn text(&mut self, what: &'static str, max: usize) -> Result<String, ProtoError> {
+        let b = self.bytes(what, max)?;
         String::from_utf8(b).map_err(|_| ProtoError::Invalid("UTF-8 string"))
+    }
+    /// A boolean: exactly 0 or 1 (so every decoded frame re-encodes to itself).
+    fn flag(&mut self, what: &'static str) -> Result<bool, ProtoError> {
+        match self.u8(what)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(ProtoError::Invalid(what)),
+        }
     }
     fn addr(&mut self) -> Result<SocketAddr, ProtoError> {
         match self.u8("address family")? {
@@ -727,6 +871,58 @@ mod tests {
     }
 
     #[test]
+    fn route_messages_round_trip_and_refuse_bad_flags() {
+        for m in [
+            Message::Route {
+                id: 3,
+                seq: 2,
+                method: "GET".into(),
+                host: Some("example.org".into()),
+                target: "/a/b?c".into(),
+            },
+            Message::Routed {
+                id: 3,
+                seq: 2,
+                action: RouteAction::Forward("10.0.0.3:80".parse().unwrap()),
+            },
+            Message::Served {
+                id: 3,
+                status: 200,
+                bytes: 1234,
+            },
+        ] {
+            let f = m.to_frame().unwrap();
+            assert_eq!(Message::decode(&f).unwrap().unwrap(), (m, f.len()));
+        }
+        // A host flag other than 0 or 1 would not re-encode to the same bytes.
+        let mut f = Message::Route {
+            id: 1,
+            seq: 1,
+            method: "GET".into(),
+            host: None,
+            target: "/".into(),
+        }
+        .to_frame()
+        .unwrap();
+        let flag = HEADER_LEN + 8 + 8 + 4 + 3;
+        assert_eq!(f[flag], 0);
+        f[flag] = 2;
+        assert_eq!(Message::decode(&f), Err(ProtoError::Invalid("host")));
+        let mut f = Message::Routed {
+            id: 1,
+            seq: 1,
+            action: RouteAction::Serve,
+        }
+        .to_frame()
+        .unwrap();
+        *f.last_mut().unwrap() = 9;
+        assert_eq!(
+            Message::decode(&f),
+            Err(ProtoError::Invalid("route action"))
+        );
+    }
+
+    #[test]
     fn create_round_trips() {
         let m = Message::Create {
             id: 7,
@@ -734,6 +930,7 @@ mod tests {
             local: "[fe80::1%2]:80".parse().unwrap(),
             transfer: Transfer::Repair(Box::new(sample_state())),
             preread: b"GET /".to_vec(),
+            route: true,
         };
         let f = m.to_frame().unwrap();
         let (d, used) = Message::decode(&f).unwrap().unwrap();
@@ -815,6 +1012,7 @@ mod tests {
             local: "1.2.3.4:80".parse().unwrap(),
             transfer: Transfer::Fd,
             preread: vec![],
+            route: false,
         };
         assert!(m.needs_fd());
         assert!(!Message::Accepted { id: 1 }.needs_fd());

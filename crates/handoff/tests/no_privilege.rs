@@ -72,6 +72,7 @@ fn repair_without_cap_net_admin_is_a_clear_error_and_fd_passing_works() {
             local: s.local_addr().unwrap(),
             transfer: Transfer::Fd,
             preread: b.to_vec(),
+            route: false,
         }
         .to_frame()
         .unwrap();

@@ -5,7 +5,9 @@
 use proptest::prelude::*;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
-use switchyard_handoff::proto::{DropReason, FrameBuffer, LoadReport, Message, Transfer};
+use switchyard_handoff::proto::{
+    DropReason, FrameBuffer, LoadReport, Message, RouteAction, Transfer,
+};
 use switchyard_handoff::repair::{RepairState, RepairWindow};
 
 fn addr() -> impl Strategy<Value = SocketAddr> {
@@ -73,19 +75,59 @@ fn reason() -> impl Strategy<Value = DropReason> {
     ]
 }
 
+fn action() -> impl Strategy<Value = RouteAction> {
+    prop_oneof![
+        Just(RouteAction::Serve),
+        Just(RouteAction::HandBack),
+        addr().prop_map(RouteAction::Forward)
+    ]
+}
+
 fn message() -> impl Strategy<Value = Message> {
     let bytes = || proptest::collection::vec(any::<u8>(), 0..500);
     prop_oneof![
         "[a-z0-9-]{0,40}".prop_map(|name| Message::Hello { name }),
-        (any::<u64>(), addr(), addr(), transfer(), bytes()).prop_map(
-            |(id, client, local, transfer, preread)| Message::Create {
+        (
+            any::<u64>(),
+            addr(),
+            addr(),
+            transfer(),
+            bytes(),
+            any::<bool>()
+        )
+            .prop_map(
+                |(id, client, local, transfer, preread, route)| Message::Create {
+                    id,
+                    client,
+                    local,
+                    transfer,
+                    preread,
+                    route
+                }
+            ),
+        (
+            any::<(u64, u64)>(),
+            "[A-Z]{1,8}",
+            proptest::option::of("\\PC{0,40}"),
+            "/\\PC{0,80}"
+        )
+            .prop_map(|((id, seq), method, host, target)| Message::Route {
                 id,
-                client,
-                local,
-                transfer,
-                preread
-            }
-        ),
+                seq,
+                method,
+                host,
+                target
+            }),
+        (any::<(u64, u64)>(), action()).prop_map(|((id, seq), action)| Message::Routed {
+            id,
+            seq,
+            action
+        }),
+        any::<(u64, u16, u64)>().prop_map(|(id, status, bytes)| Message::Served {
+            id,
+            status,
+            bytes
+        }),
         any::<u64>().prop_map(|id| Message::Accepted { id }),
         (any::<u64>(), reason(), "\\PC{0,60}").prop_map(|(id, reason, detail)| Message::Drop {
             id,

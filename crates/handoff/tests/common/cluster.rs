@@ -367,6 +367,7 @@ async fn node_main(
                 local,
                 transfer: Transfer::Repair(state),
                 preread,
+                ..
             } = m
             else {
                 continue;
@@ -644,6 +645,7 @@ async fn control_reader(
                     local: c.local,
                     transfer,
                     preread,
+                    route: false,
                 });
                 sw.stats.handoffs.fetch_add(1, Ordering::Relaxed);
             }
@@ -733,6 +735,7 @@ async fn handle_client(sw: Arc<Sw>, mut s: TcpStream, peer: SocketAddr, rr: usiz
         local,
         transfer: Transfer::Repair(Box::new(state)),
         preread: buf.clone(),
+        route: false,
     });
     let accepted = matches!(
         tokio::time::timeout(Duration::from_secs(5), rx).await,
