@@ -14,6 +14,9 @@
 //! * [`range`] and [`conditional`]: single byte ranges and validators
 //!   (ETag, Last-Modified) for 206/304/416 decisions.
 //! * [`response`]: writing response heads.
+//! * [`upstream`]: reading the response heads of a node as an intermediary
+//!   (the switch relaying, a node forwarding for another) with the same
+//!   strictness, and rewriting heads in both directions.
 //!
 //! Nothing here performs I/O or reads a clock: callers pass bytes in and
 //! the wall-clock time for `Date` headers in.
@@ -25,6 +28,7 @@ pub mod range;
 pub mod request;
 pub mod response;
 pub mod status;
+pub mod upstream;
 
 pub use request::{BodyFraming, Limits, Method, ParseOutcome, RequestError, RequestHead, Version};
 pub use response::ResponseHead;

@@ -58,13 +58,15 @@
 
 pub mod config;
 pub mod metrics;
-pub mod response;
 
 mod backend;
 mod health;
 mod relay;
 mod report;
 mod splice;
+
+/// The strict node-response parser (kept under its old path).
+pub use switchyard_http::upstream as response;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};

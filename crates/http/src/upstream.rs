@@ -1,5 +1,5 @@
 //! Strict parsing of the response heads nodes send, and the rewriting of heads in both
-//! directions.
+//! directions. Used by the switch (relaying) and by nodes forwarding for each other.
 //!
 //! The switch reads a node's response with one interpretation of its length (RFC 9112 §6.3) and
 //! refuses anything ambiguous instead of guessing: `Content-Length` together with
