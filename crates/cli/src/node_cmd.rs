@@ -41,6 +41,12 @@ pub struct NodeArgs {
     /// Switch address (its report_listen) to push load reports to.
     #[arg(long)]
     pub report_to: Option<SocketAddr>,
+    /// Unix-socket control listener for same-host connection handoffs (descriptor passing).
+    #[arg(long, value_name = "PATH")]
+    pub handoff_unix: Option<PathBuf>,
+    /// TCP control listener for cross-host connection handoffs (TCP_REPAIR; needs CAP_NET_ADMIN).
+    #[arg(long, value_name = "ADDR")]
+    pub handoff_listen: Option<SocketAddr>,
     /// Seconds to wait for open connections on shutdown.
     #[arg(long, default_value_t = 10)]
     pub drain_secs: u64,
@@ -76,6 +82,12 @@ impl NodeArgs {
         if let Some(v) = self.report_to {
             cfg.report_to = Some(v);
         }
+        if let Some(v) = &self.handoff_unix {
+            cfg.handoff_unix = Some(v.clone());
+        }
+        if let Some(v) = self.handoff_listen {
+            cfg.handoff_listen = Some(v);
+        }
         cfg
     }
 }
@@ -96,6 +108,12 @@ pub fn run(args: NodeArgs, file: &FileConfig) -> anyhow::Result<()> {
         eprintln!("switchyard node: serving http://{}/", node.addr());
         if let Some(a) = node.admin_addr() {
             eprintln!("switchyard node: metrics at http://{a}/metrics");
+        }
+        if let Some(p) = node.handoff_unix() {
+            eprintln!("switchyard node: handoffs on unix:{}", p.display());
+        }
+        if let Some(a) = node.handoff_addr() {
+            eprintln!("switchyard node: handoffs on tcp:{a}");
         }
         let why = runtime::stop_signal(None).await;
         tracing::info!(reason = why, "draining");

@@ -18,7 +18,9 @@ pub struct NodeConfig {
     /// Worker threads; 0 means one per core.
     pub workers: usize,
     /// Most client connections open at once; further ones wait in the
-    /// kernel's accept queue.
+    /// kernel's accept queue. Connections handed in by a switch count too
+    /// (one at the cap is refused with `Drop{Busy}`); each worker's accept
+    /// loop holds one slot while it waits for a client.
     pub max_connections: usize,
     /// Budget of the in-memory object cache, in bytes (0 disables it).
     pub cache_bytes: u64,
@@ -52,6 +54,16 @@ pub struct NodeConfig {
     /// connections, disk queue, cache hits and misses) whenever a connection is handed in or
     /// closed. None (the default) sends nothing.
     pub report_to: Option<SocketAddr>,
+    /// Path of a Unix-socket control listener on which a switch on the same host hands client
+    /// connections over (`Create` with the socket's descriptor attached, `SCM_RIGHTS`). A stale
+    /// socket file left at the path is removed at start, and the file is removed at shutdown.
+    /// None (the default) takes no same-host handoffs.
+    pub handoff_unix: Option<PathBuf>,
+    /// Address of a TCP control listener on which a switch on another host hands client
+    /// connections over as `TCP_REPAIR` state (the node needs CAP_NET_ADMIN and the switch's
+    /// address on a local interface; without them it answers `Drop`). None (the default)
+    /// takes no cross-host handoffs.
+    pub handoff_listen: Option<SocketAddr>,
 }
 
 /// Emulated disk: every read that misses the object cache waits as if a
@@ -95,6 +107,35 @@ impl Default for NodeConfig {
             index: "index.html".to_owned(),
             disk: DiskConfig::default(),
             report_to: None,
+            handoff_unix: None,
+            handoff_listen: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `[node]` section of the example file, with its commented-out
+    /// handoff keys switched on, is a valid node configuration.
+    #[test]
+    fn example_handoff_keys_parse() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../switchyard.example.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let text: String = text
+            .lines()
+            .map(|l| {
+                l.strip_prefix("# ")
+                    .filter(|r| r.starts_with("handoff_"))
+                    .unwrap_or(l)
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let doc: toml::Table = toml::from_str(&text).unwrap();
+        let node: NodeConfig = doc["node"].clone().try_into().unwrap();
+        assert!(node.handoff_unix.is_some());
+        assert!(node.handoff_listen.is_some());
+        assert_eq!(NodeConfig::default().handoff_unix, None);
     }
 }

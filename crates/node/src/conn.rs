@@ -10,6 +10,13 @@
 //! only when bytes arrive, and the work of answering a request lives in a
 //! separately boxed future, so the task that sleeps between requests is
 //! only the small state of waiting for the next head.
+//!
+//! A connection handed in by a switch runs the same loop with a
+//! [`Dispatch`] attached ([`serve_dispatched`]): before each request after
+//! the first it may ask the switch how to serve it (locally, fetched from
+//! another node, or given back to the switch), and it reports each response
+//! the switch dispatched once that response is written. Ordinary accepted
+//! connections carry no dispatch and take the same path as before.
 
 use std::cell::RefCell;
 use std::fs::File;
@@ -33,7 +40,9 @@ use switchyard_http::range::{evaluate, RangeDecision};
 use switchyard_http::request::{self, BodyFraming, Method, ParseOutcome, RequestHead, Version};
 use switchyard_http::response::{DateCache, ResponseHead};
 
+use crate::forward::{self, PeerConn};
 use crate::fs::FileInfo;
+use crate::handoff::{Dispatch, Step};
 use crate::idle::{wait_for_bytes, Wait};
 use crate::store::{CachedObject, Content, Resolved};
 use crate::Ctx;
@@ -93,6 +102,10 @@ struct Conn<'a> {
     pending: Vec<Instant>,
     shutdown: watch::Receiver<bool>,
     stats: ConnStats,
+    /// Status of the last response produced.
+    last_status: u16,
+    /// Set on connections handed in by a switch.
+    dispatch: Option<&'a mut Dispatch>,
 }
 
 /// Why the connection loop ended.
@@ -103,6 +116,9 @@ enum End {
     Error(u16),
     /// I/O failed; nothing more can be sent.
     Broken,
+    /// The switch takes the connection back: everything answered is sent,
+    /// and the next request is still unread in `buf`.
+    Moved,
 }
 
 impl From<io::Error> for End {
@@ -118,6 +134,26 @@ pub struct ConnStats {
     pub requests: u64,
     /// Response bytes written.
     pub bytes: u64,
+}
+
+impl std::ops::AddAssign for ConnStats {
+    fn add_assign(&mut self, o: ConnStats) {
+        self.requests += o.requests;
+        self.bytes += o.bytes;
+    }
+}
+
+/// How a handed-in connection's loop ended.
+pub(crate) enum Outcome {
+    /// The connection is closed (or broken).
+    Closed(ConnStats),
+    /// The switch asked for the connection back: everything answered has
+    /// been written; `rest` holds the next request's bytes, unread.
+    Moved {
+        stream: TcpStream,
+        rest: BytesMut,
+        stats: ConnStats,
+    },
 }
 
 /// Serve one connection until it closes. `preread` holds request bytes
@@ -137,11 +173,63 @@ pub(crate) async fn serve(
         pending: Vec::new(),
         shutdown,
         stats: ConnStats::default(),
+        last_status: 0,
+        dispatch: None,
     };
     if let End::Error(status) = conn.run().await {
         Box::pin(conn.fail(status)).await;
     }
     conn.stats
+}
+
+/// Serve a connection handed in by a switch: like [`serve`], with
+/// `dispatch` consulted before each request and told about each response.
+pub(crate) async fn serve_dispatched(
+    ctx: &Ctx,
+    stream: TcpStream,
+    shutdown: watch::Receiver<bool>,
+    preread: BytesMut,
+    dispatch: &mut Dispatch,
+) -> Outcome {
+    let mut conn = Conn {
+        ctx,
+        stream,
+        buf: preread,
+        out: Vec::new(),
+        pending: Vec::new(),
+        shutdown,
+        stats: ConnStats::default(),
+        last_status: 0,
+        dispatch: Some(dispatch),
+    };
+    match conn.run().await {
+        End::Error(status) => {
+            Box::pin(conn.fail(status)).await;
+            Outcome::Closed(conn.stats)
+        }
+        End::Moved => Outcome::Moved {
+            stream: conn.stream,
+            rest: conn.buf,
+            stats: conn.stats,
+        },
+        End::Quiet | End::Broken => Outcome::Closed(conn.stats),
+    }
+}
+
+/// Whether a request can be fetched from another node: GET or HEAD
+/// (idempotent, so a failed fetch can be served here instead) without a body.
+fn forwardable(head: &RequestHead) -> bool {
+    matches!(head.method, Method::Get | Method::Head)
+        && head.framing == BodyFraming::None
+        && !head.expect_continue
+}
+
+/// What became of a forwarded request.
+enum Forwarded {
+    /// Answered from the peer; `Some` ends the connection.
+    Done(Option<End>),
+    /// Nothing reached the client: serve the request here.
+    NotSent,
 }
 
 impl Conn<'_> {
@@ -152,7 +240,12 @@ impl Conn<'_> {
                 Ok(h) => h,
                 Err(e) => return e,
             };
-            if let Some(end) = Box::pin(self.handle(head)).await {
+            let end = if self.dispatch.is_some() {
+                Box::pin(self.dispatched(head)).await
+            } else {
+                Box::pin(self.handle(head)).await
+            };
+            if let Some(end) = end {
                 return end;
             }
             if first {
@@ -161,6 +254,187 @@ impl Conn<'_> {
                 // (Nagle). A one-request connection never needs the call.
                 let _ = self.stream.set_nodelay(true);
                 first = false;
+            }
+        }
+    }
+
+    /// Bytes of responses produced so far: written, or waiting in `out`.
+    fn produced(&self) -> u64 {
+        self.stats.bytes + self.out.len() as u64
+    }
+
+    fn count_status(&mut self, code: u16) {
+        self.last_status = code;
+        self.ctx.metrics.count_status(code);
+    }
+
+    /// Answer one request of a handed-in connection as its dispatch says.
+    async fn dispatched(&mut self, head: RequestHead) -> Option<End> {
+        if self.dispatch.as_deref().is_some_and(Dispatch::asks) {
+            // The switch's answer takes a round trip: let the client have
+            // the earlier responses meanwhile.
+            if self.flush().await.is_err() {
+                return Some(End::Broken);
+            }
+        }
+        let step = match self.dispatch.as_deref_mut() {
+            Some(d) => d.route(&head).await,
+            None => Step::Local { dispatched: false },
+        };
+        let before = self.produced();
+        let (end, dispatched) = match step {
+            Step::HandBack => {
+                if self.flush().await.is_err() {
+                    return Some(End::Broken);
+                }
+                return Some(End::Moved);
+            }
+            Step::Forward(peer) if forwardable(&head) => match self.forward(&head, peer).await {
+                Forwarded::Done(end) => (end, true),
+                Forwarded::NotSent => (self.handle(head).await, true),
+            },
+            Step::Forward(_) => (self.handle(head).await, true),
+            Step::Local { dispatched } => (self.handle(head).await, dispatched),
+        };
+        if dispatched {
+            let bytes = self.produced() - before;
+            let status = self.last_status;
+            if let Some(d) = self.dispatch.as_deref_mut() {
+                d.answered(status, bytes);
+                // A connection that ended quietly has flushed everything.
+                if matches!(end, Some(End::Quiet)) {
+                    d.flushed();
+                }
+            }
+        }
+        end
+    }
+
+    /// Fetch the response to `head` from the node whose HTTP listener is at
+    /// `peer` (back-end forwarding) and send it to the client with the
+    /// client's own keep-alive and version.
+    async fn forward(&mut self, head: &RequestHead, peer: std::net::SocketAddr) -> Forwarded {
+        let started = Instant::now();
+        let http10 = head.version == Version::Http10;
+        let mut req = Vec::with_capacity(head.head_len + 64);
+        let client_ip = self.stream.peer_addr().ok().map(|a| a.ip().to_string());
+        switchyard_http::upstream::forward_request_head(
+            &self.buf[..head.head_len],
+            http10,
+            client_ip.as_deref(),
+            &mut req,
+        );
+        let until = tokio::time::Instant::now() + self.ctx.send_timeout;
+        let is_head = head.method == Method::Head;
+        let ctx = self.ctx;
+        let metrics = &ctx.metrics.handoff;
+        // A pooled connection the peer has meanwhile closed fails without a
+        // byte of response: try once more on a fresh one.
+        let mut fresh = false;
+        let (mut pc, meta) = loop {
+            let attempt = forward::exchange(peer, fresh, &req, is_head, until).await;
+            match attempt {
+                Ok(ok) => break ok,
+                Err(e) if e.retry && !fresh => fresh = true,
+                Err(e) => {
+                    metrics.forward_failures.fetch_add(1, Relaxed);
+                    tracing::debug!(%peer, error = %e.source, "forward failed; serving locally");
+                    return Forwarded::NotSent;
+                }
+            }
+        };
+        let chunked = meta.body == switchyard_http::upstream::BodyLength::Chunked;
+        if chunked && http10 {
+            // An HTTP/1.0 client cannot take a chunked body.
+            metrics.forward_failures.fetch_add(1, Relaxed);
+            return Forwarded::NotSent;
+        }
+        let keep = head.keep_alive
+            && !self.stopping()
+            && meta.body != switchyard_http::upstream::BodyLength::UntilClose;
+        let before = self.produced();
+        let out_mark = self.out.len();
+        let written_mark = self.stats.bytes;
+        self.out.reserve(1024);
+        switchyard_http::upstream::client_response_head(
+            &pc.buf[..meta.head_len],
+            keep,
+            http10,
+            &mut self.out,
+        );
+        pc.buf.advance(meta.head_len);
+        if let Err(e) = self.relay_body(&mut pc, meta.body, until).await {
+            metrics.forward_failures.fetch_add(1, Relaxed);
+            tracing::debug!(%peer, error = %e, "forwarded response broke off");
+            if self.stats.bytes == written_mark {
+                // Nothing of it reached the client: serve it here instead.
+                self.out.truncate(out_mark);
+                return Forwarded::NotSent;
+            }
+            return Forwarded::Done(Some(End::Broken));
+        }
+        if meta.keep_alive && pc.buf.is_empty() {
+            forward::check_in(pc);
+        }
+        self.stats.requests += 1;
+        self.buf.advance(head.head_len);
+        self.count_status(meta.status);
+        metrics.forwards.fetch_add(1, Relaxed);
+        metrics
+            .forward_bytes
+            .fetch_add(self.produced() - before, Relaxed);
+        self.pending.push(started);
+        if !keep {
+            return Forwarded::Done(Some(self.close().await));
+        }
+        if self.out.len() >= FLUSH_AT && self.flush().await.is_err() {
+            return Forwarded::Done(Some(End::Broken));
+        }
+        Forwarded::Done(None)
+    }
+
+    /// Copy a forwarded response body from the peer to the client.
+    async fn relay_body(
+        &mut self,
+        pc: &mut PeerConn,
+        body: switchyard_http::upstream::BodyLength,
+        until: tokio::time::Instant,
+    ) -> io::Result<()> {
+        use switchyard_http::upstream::BodyLength;
+        let mut left = match body {
+            BodyLength::None => return Ok(()),
+            BodyLength::Length(n) => n,
+            BodyLength::Chunked | BodyLength::UntilClose => u64::MAX,
+        };
+        let mut dec = ChunkedDecoder::new();
+        loop {
+            let take = match body {
+                BodyLength::Chunked => dec
+                    .decode(&pc.buf, |_| {})
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?,
+                _ => (pc.buf.len() as u64).min(left) as usize,
+            };
+            self.out.extend_from_slice(&pc.buf[..take]);
+            pc.buf.advance(take);
+            if body != BodyLength::UntilClose {
+                left -= take as u64;
+            }
+            if self.out.len() >= FLUSH_AT {
+                self.flush().await?;
+            }
+            let done = match body {
+                BodyLength::Chunked => dec.is_done(),
+                _ => left == 0,
+            };
+            if done {
+                return Ok(());
+            }
+            let n = pc.read_more(until).await?;
+            if n == 0 {
+                if body == BodyLength::UntilClose {
+                    return Ok(());
+                }
+                return Err(io::ErrorKind::UnexpectedEof.into());
             }
         }
     }
@@ -427,7 +701,7 @@ impl Conn<'_> {
                         .connection(keep, head.version == Version::Http10)
                         .finish()
                 });
-                self.ctx.metrics.count_status(301);
+                self.count_status(301);
                 Body::Empty
             }
             Resolved::NotFound => {
@@ -464,7 +738,7 @@ impl Conn<'_> {
                     .connection(keep, http10)
                     .finish()
             });
-            self.ctx.metrics.count_status(304);
+            self.count_status(304);
             return Body::Empty;
         }
         let mut decision = RangeDecision::Full;
@@ -502,7 +776,7 @@ impl Conn<'_> {
             }
             h.content_length(len).connection(keep, http10).finish()
         });
-        self.ctx.metrics.count_status(status);
+        self.count_status(status);
         if head.method == Method::Head || len == 0 {
             return Body::Empty;
         }
@@ -535,7 +809,7 @@ impl Conn<'_> {
         if method != Method::Head {
             self.out.extend_from_slice(body.as_bytes());
         }
-        self.ctx.metrics.count_status(status);
+        self.count_status(status);
     }
 
     /// Write everything in `out`, then account for the responses in it.
@@ -580,6 +854,9 @@ impl Conn<'_> {
                 .response_seconds
                 .observe(t.elapsed().as_secs_f64());
         }
+        if let Some(d) = self.dispatch.as_deref_mut() {
+            d.flushed();
+        }
         Ok(())
     }
 
@@ -605,6 +882,7 @@ impl Conn<'_> {
                 }
                 Ok(n) => {
                     left -= n as u64;
+                    self.stats.bytes += n as u64;
                     self.ctx
                         .metrics
                         .bytes_out

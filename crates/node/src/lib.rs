@@ -13,11 +13,18 @@
 //! [`store::Store`] for the body (cache, then disk beneath the root via
 //! `openat2(RESOLVE_BENEATH)`), writes the head and body, and loops for the
 //! next request on the connection.
+//!
+//! With `handoff_unix` or `handoff_listen` set, a switch may also hand the
+//! node client connections it has accepted (one-way delivery, `handoff`):
+//! the node serves them with the same loop, answers the clients directly,
+//! and reports to the switch over the control connection.
 
 pub mod config;
 mod conn;
 pub mod disk;
+mod forward;
 pub mod fs;
+mod handoff;
 pub mod idle;
 pub mod metrics;
 pub mod report;
@@ -25,7 +32,7 @@ pub mod store;
 pub mod workers;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -55,6 +62,11 @@ pub enum NodeError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("cannot listen on unix socket {path}: {source}")]
+    BindUnix {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("invalid configuration: {0}")]
     Config(String),
     #[error(transparent)]
@@ -81,6 +93,7 @@ pub struct RunningNode {
     stop: watch::Sender<bool>,
     workers: Workers,
     tasks: Vec<JoinHandle<()>>,
+    handoff: handoff::Listeners,
 }
 
 impl RunningNode {
@@ -92,6 +105,18 @@ impl RunningNode {
     /// The admin listener's address, if one was configured.
     pub fn admin_addr(&self) -> Option<SocketAddr> {
         self.admin_addr
+    }
+
+    /// The bound address of the TCP handoff control listener
+    /// (`handoff_listen`), if one was configured.
+    pub fn handoff_addr(&self) -> Option<SocketAddr> {
+        self.handoff.tcp_addr
+    }
+
+    /// The path of the Unix handoff control listener (`handoff_unix`), if
+    /// one was configured.
+    pub fn handoff_unix(&self) -> Option<&Path> {
+        self.handoff.unix_path.as_deref()
     }
 
     /// The node's counters.
@@ -106,13 +131,17 @@ impl RunningNode {
 
     /// Stop accepting, let open connections finish their current response
     /// (idle ones close at once), and wait for them up to `grace`; then
-    /// drop whatever is left.
+    /// drop whatever is left. Handoff control connections stay open while
+    /// the connections drain (a switch's `Create` is refused with
+    /// `ShuttingDown` meanwhile) and close afterwards; the Unix control
+    /// socket's file is removed.
     pub async fn shutdown(self, grace: Duration) {
         let _ = self.stop.send(true);
         for t in &self.tasks {
             t.abort();
         }
         self.workers.finish(grace).await;
+        self.handoff.close().await;
     }
 }
 
@@ -218,16 +247,52 @@ pub async fn start(cfg: NodeConfig) -> Result<RunningNode, NodeError> {
     let slots = Arc::new(Semaphore::new(cfg.max_connections));
     let worker = Arc::new(Worker {
         ctx: ctx.clone(),
-        slots,
+        slots: slots.clone(),
         stop: stop_rx.clone(),
-        reporter,
+        reporter: reporter.clone(),
     });
-    let workers = Workers::spawn("sy-node", listeners, stop_rx, move |_, listener, live| {
-        let worker = worker.clone();
-        async move { worker.accept_loop(&listener, &live).await }
-    })
+    let registry = handoff::WorkerRegistry::default();
+    let reg = registry.clone();
+    let n_workers = listeners.len();
+    let workers = Workers::spawn(
+        "sy-node",
+        listeners,
+        stop_rx.clone(),
+        move |_, listener, live| {
+            // Handed-in connections are spread over the workers' runtimes.
+            reg.register(&live);
+            let worker = worker.clone();
+            async move { worker.accept_loop(&listener, &live).await }
+        },
+    )
     .map_err(|e| NodeError::Config(format!("cannot start worker thread: {e}")))?;
-    tracing::info!(%addr, root = %cfg.root.display(), admin = ?admin_addr, "node serving");
+
+    let handoff = start_handoff(
+        &cfg,
+        handoff::Receiver::new(ctx, slots, stop_rx, reporter, addr.to_string(), &registry),
+        &registry,
+        n_workers,
+    )
+    .await;
+    let handoff = match handoff {
+        Ok(h) => h,
+        Err(e) => {
+            let _ = stop.send(true);
+            for t in &tasks {
+                t.abort();
+            }
+            workers.finish(Duration::ZERO).await;
+            return Err(e);
+        }
+    };
+    tracing::info!(
+        %addr,
+        root = %cfg.root.display(),
+        admin = ?admin_addr,
+        handoff_tcp = ?handoff.tcp_addr,
+        handoff_unix = ?handoff.unix_path,
+        "node serving"
+    );
     Ok(RunningNode {
         addr,
         admin_addr,
@@ -236,7 +301,48 @@ pub async fn start(cfg: NodeConfig) -> Result<RunningNode, NodeError> {
         stop,
         workers,
         tasks,
+        handoff,
     })
+}
+
+/// Bind the handoff control listeners that are configured and start
+/// accepting switches on them.
+async fn start_handoff(
+    cfg: &NodeConfig,
+    receiver: handoff::Receiver,
+    registry: &handoff::WorkerRegistry,
+    n_workers: usize,
+) -> Result<handoff::Listeners, NodeError> {
+    let (done, done_rx) = watch::channel(false);
+    let mut out = handoff::Listeners {
+        tcp_addr: None,
+        unix_path: None,
+        done,
+        tasks: Vec::new(),
+    };
+    if cfg.handoff_unix.is_none() && cfg.handoff_listen.is_none() {
+        return Ok(out);
+    }
+    if !registry.wait_for(n_workers).await {
+        return Err(NodeError::Config("worker threads did not start".into()));
+    }
+    let receiver = Arc::new(receiver);
+    if let Some(path) = &cfg.handoff_unix {
+        let l = handoff::bind_unix(path).map_err(|source| NodeError::BindUnix {
+            path: path.clone(),
+            source,
+        })?;
+        out.unix_path = Some(path.clone());
+        out.tasks
+            .push(handoff::spawn_unix(receiver.clone(), l, done_rx.clone()));
+    }
+    if let Some(a) = cfg.handoff_listen {
+        let bind = |source| NodeError::Bind { addr: a, source };
+        let l = TcpListener::bind(a).await.map_err(bind)?;
+        out.tcp_addr = Some(l.local_addr().map_err(bind)?);
+        out.tasks.push(handoff::spawn_tcp(receiver, l, done_rx));
+    }
+    Ok(out)
 }
 
 /// What every worker thread's accept loop shares.

@@ -27,6 +27,70 @@ pub struct NodeMetrics {
     pub timeouts: AtomicU64,
     /// Time from a complete request head to its response handed to the kernel.
     pub response_seconds: Histogram,
+    /// Connection handoffs (switch to node) and back-end forwarding.
+    pub handoff: HandoffMetrics,
+}
+
+/// Counters of connection handoff: connections handed in by a switch, refusals, hand-backs,
+/// route queries and back-end forwarding between nodes.
+#[derive(Debug)]
+pub struct HandoffMetrics {
+    /// Connections taken as a passed descriptor (same host).
+    pub fd_connections: AtomicU64,
+    /// Connections taken as restored `TCP_REPAIR` state (across hosts).
+    pub repair_connections: AtomicU64,
+    /// Refusals at the connection cap.
+    pub refused_busy: AtomicU64,
+    /// Refusals while shutting down.
+    pub refused_shutting_down: AtomicU64,
+    /// Refusals because a restore failed.
+    pub refused_restore_failed: AtomicU64,
+    /// Refusals because the node lacks CAP_NET_ADMIN.
+    pub refused_no_privilege: AtomicU64,
+    /// Refusals for any other reason (not a stream socket, registration failed).
+    pub refused_other: AtomicU64,
+    /// Connections given back to the switch (multiple handoff).
+    pub hand_backs: AtomicU64,
+    /// Hand-backs that failed (the node kept serving the connection or closed it).
+    pub hand_back_failures: AtomicU64,
+    /// `Route` queries sent.
+    pub route_queries: AtomicU64,
+    /// `Route` queries left unanswered (timeout or control connection gone).
+    pub route_timeouts: AtomicU64,
+    /// Requests fetched from another node (back-end forwarding).
+    pub forwards: AtomicU64,
+    /// Response bytes relayed to clients from other nodes.
+    pub forward_bytes: AtomicU64,
+    /// Forwards that failed (served locally when nothing had reached the client yet).
+    pub forward_failures: AtomicU64,
+    /// Control connections open now.
+    pub control_connections: AtomicU64,
+    /// Time to restore a connection from its `TCP_REPAIR` state.
+    pub restore_seconds: Histogram,
+}
+
+impl Default for HandoffMetrics {
+    fn default() -> Self {
+        HandoffMetrics {
+            fd_connections: AtomicU64::new(0),
+            repair_connections: AtomicU64::new(0),
+            refused_busy: AtomicU64::new(0),
+            refused_shutting_down: AtomicU64::new(0),
+            refused_restore_failed: AtomicU64::new(0),
+            refused_no_privilege: AtomicU64::new(0),
+            refused_other: AtomicU64::new(0),
+            hand_backs: AtomicU64::new(0),
+            hand_back_failures: AtomicU64::new(0),
+            route_queries: AtomicU64::new(0),
+            route_timeouts: AtomicU64::new(0),
+            forwards: AtomicU64::new(0),
+            forward_bytes: AtomicU64::new(0),
+            forward_failures: AtomicU64::new(0),
+            control_connections: AtomicU64::new(0),
+            // 1 µs … ~30 ms
+            restore_seconds: Histogram::new(exponential_buckets(0.000_001, 2.0, 16)),
+        }
+    }
 }
 
 impl Default for NodeMetrics {
@@ -40,6 +104,7 @@ impl Default for NodeMetrics {
             timeouts: AtomicU64::new(0),
             // 10 µs … ~5 s
             response_seconds: Histogram::new(exponential_buckets(0.000_01, 2.5, 15)),
+            handoff: HandoffMetrics::default(),
         }
     }
 }
@@ -62,6 +127,11 @@ pub fn register(registry: &mut Registry, metrics: Arc<NodeMetrics>, store: Arc<S
         "switchyard_node_response_seconds",
         "Time from a parsed request to its response handed to the kernel",
         metrics.response_seconds.clone(),
+    );
+    registry.register(
+        "switchyard_node_handoff_restore_seconds",
+        "Time to restore a handed-in connection from its TCP_REPAIR state",
+        metrics.handoff.restore_seconds.clone(),
     );
     registry.register_collector(Box::new(NodeCollector { metrics, store }));
 }
@@ -168,6 +238,84 @@ impl Collector for NodeCollector {
             "Emulated disk reads queued or in service",
             self.store.disk_queue() as i64,
         )?;
-        Ok(())
+        encode_handoff(&mut enc, &m.handoff)
     }
+}
+
+fn encode_handoff(enc: &mut DescriptorEncoder, h: &HandoffMetrics) -> Result<(), std::fmt::Error> {
+    let get = |a: &AtomicU64| a.load(Relaxed);
+    labelled(
+        enc,
+        "switchyard_node_handoff_connections",
+        "Client connections handed in by a switch, by transfer",
+        "transfer",
+        true,
+        [
+            ("fd".to_owned(), get(&h.fd_connections)),
+            ("repair".to_owned(), get(&h.repair_connections)),
+        ],
+    )?;
+    labelled(
+        enc,
+        "switchyard_node_handoff_refused",
+        "Handed-in connections refused (Drop), by reason",
+        "reason",
+        true,
+        [
+            ("busy".to_owned(), get(&h.refused_busy)),
+            ("shutting_down".to_owned(), get(&h.refused_shutting_down)),
+            ("restore_failed".to_owned(), get(&h.refused_restore_failed)),
+            ("no_privilege".to_owned(), get(&h.refused_no_privilege)),
+            ("other".to_owned(), get(&h.refused_other)),
+        ],
+    )?;
+    counter(
+        enc,
+        "switchyard_node_handoff_hand_backs",
+        "Connections given back to the switch (multiple handoff)",
+        get(&h.hand_backs),
+    )?;
+    counter(
+        enc,
+        "switchyard_node_handoff_hand_back_failures",
+        "Hand-backs that failed; the node kept or closed the connection",
+        get(&h.hand_back_failures),
+    )?;
+    counter(
+        enc,
+        "switchyard_node_handoff_route_queries",
+        "Route queries sent to the switch",
+        get(&h.route_queries),
+    )?;
+    counter(
+        enc,
+        "switchyard_node_handoff_route_timeouts",
+        "Route queries left unanswered; the request was served locally",
+        get(&h.route_timeouts),
+    )?;
+    gauge(
+        enc,
+        "switchyard_node_handoff_control_connections",
+        "Switch control connections open now",
+        get(&h.control_connections) as i64,
+    )?;
+    counter(
+        enc,
+        "switchyard_node_forwards",
+        "Requests fetched from another node (back-end forwarding)",
+        get(&h.forwards),
+    )?;
+    counter(
+        enc,
+        "switchyard_node_forward_bytes",
+        "Response bytes relayed to clients from other nodes",
+        get(&h.forward_bytes),
+    )?;
+    counter(
+        enc,
+        "switchyard_node_forward_failures",
+        "Back-end forwards that failed",
+        get(&h.forward_failures),
+    )?;
+    Ok(())
 }

@@ -1,0 +1,1063 @@
+//! The node's handoff receiver: the node side of one-way delivery.
+//!
+//! A switch connects to one of the node's control listeners and hands it
+//! client connections it has accepted (and whose first request it has read);
+//! the node answers the clients directly and reports back. The protocol is
+//! `switchyard_handoff::proto`:
+//!
+//! * the switch sends `Hello`, the node answers `Hello` with its name (its
+//!   HTTP listen address); any number of control connections may be open;
+//! * `Create` hands over a connection: on the Unix listener
+//!   (`handoff_unix`) the client socket's descriptor travels with the frame
+//!   (`Transfer::Fd`, same host); on the TCP listener (`handoff_listen`) the
+//!   connection's `TCP_REPAIR` state does (`Transfer::Repair`), and the node
+//!   restores it (needs CAP_NET_ADMIN);
+//! * the node answers `Accepted` at once and serves the connection on one of
+//!   its worker threads (round robin), counted like an accepted one and under
+//!   the same connection cap, or `Drop` with the reason (`Busy` at the cap,
+//!   `ShuttingDown`, `NoPrivilege` or `RestoreFailed`). On a refused
+//!   descriptor the node only closes its copy: the switch still holds the
+//!   socket and serves the client itself;
+//! * `Served` follows every response to a request the switch dispatched (the
+//!   first one, and each one answered by `Routed`), `Closed` the end of the
+//!   connection;
+//! * with `route`, each later request is first announced with `Route`, and
+//!   the switch's `Routed` says to serve it here, to fetch it from another
+//!   node (back-end forwarding, [`crate::forward`]) or to give the connection
+//!   back (`HandBack`, multiple handoff). An unanswered query (2 s, or a lost
+//!   control connection) is served here.
+//!
+//! A malformed frame closes that control connection only; the node keeps
+//! serving, and the connections already handed in keep running.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use parking_lot::{Mutex, RwLock};
+use tokio::net::{TcpListener, TcpStream, UnixListener};
+use tokio::runtime::Handle;
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
+
+use switchyard_handoff::fdpass::{FdConn, FdReceiver, FdSender, MsgReader, MsgWriter};
+use switchyard_handoff::proto::{DropReason, Message, RouteAction, Transfer, MAX_PREREAD};
+use switchyard_handoff::proto::{MAX_STRING, MAX_TARGET};
+use switchyard_handoff::{repair, HandoffError};
+use switchyard_http::request::RequestHead;
+
+use crate::conn::{self, ConnStats, Outcome};
+use crate::metrics::{HandoffMetrics, NodeMetrics};
+use crate::report::Reporter;
+use crate::Ctx;
+
+/// How long a connection waits for the switch's `Routed` before serving the
+/// request itself.
+pub const ROUTE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a repair connection waits for its responses to be acknowledged
+/// before it is dumped for a hand-back.
+pub const ACK_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long `start` waits for the worker threads to come up.
+const WORKER_START_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A worker thread's runtime and the handle that keeps it draining while a
+/// connection is open (weak: a worker that has finished takes no more).
+type WorkerSlot = (Handle, Weak<()>);
+
+/// What every control connection of a node shares.
+pub(crate) struct Receiver {
+    ctx: Arc<Ctx>,
+    slots: Arc<Semaphore>,
+    stop: watch::Receiver<bool>,
+    reporter: Option<Arc<Reporter>>,
+    name: String,
+    workers: Arc<RwLock<Vec<WorkerSlot>>>,
+    next: AtomicUsize,
+}
+
+/// The worker threads' runtimes, registered by each worker when it starts.
+#[derive(Clone, Default)]
+pub(crate) struct WorkerRegistry(Arc<RwLock<Vec<WorkerSlot>>>);
+
+impl WorkerRegistry {
+    /// Called on a worker thread, inside its runtime.
+    pub(crate) fn register(&self, live: &crate::workers::Live) {
+        self.0
+            .write()
+            .push((Handle::current(), Arc::downgrade(live)));
+    }
+
+    /// Wait until `n` workers have registered.
+    pub(crate) async fn wait_for(&self, n: usize) -> bool {
+        let deadline = Instant::now() + WORKER_START_TIMEOUT;
+        while self.0.read().len() < n {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        true
+    }
+}
+
+impl Receiver {
+    pub(crate) fn new(
+        ctx: Arc<Ctx>,
+        slots: Arc<Semaphore>,
+        stop: watch::Receiver<bool>,
+        reporter: Option<Arc<Reporter>>,
+        name: String,
+        workers: &WorkerRegistry,
+    ) -> Receiver {
+        Receiver {
+            ctx,
+            slots,
+            stop,
+            reporter,
+            name,
+            workers: workers.0.clone(),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    fn metrics(&self) -> &HandoffMetrics {
+        &self.ctx.metrics.handoff
+    }
+
+    fn stopping(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    /// The next worker thread that is still running, round robin, with a
+    /// handle that keeps it draining while the connection is open.
+    fn pick_worker(&self) -> Option<(Handle, crate::workers::Live)> {
+        pick(&self.workers.read(), self.next.fetch_add(1, Relaxed))
+    }
+}
+
+/// The first running worker from `start` on (round robin when `start`
+/// counts up).
+fn pick(workers: &[WorkerSlot], start: usize) -> Option<(Handle, crate::workers::Live)> {
+    let n = workers.len();
+    (0..n).find_map(|k| {
+        let (h, live) = &workers[(start + k) % n];
+        live.upgrade().map(|l| (h.clone(), l))
+    })
+}
+
+/// Bind the Unix control listener at `path`, replacing a stale socket file.
+pub(crate) fn bind_unix(path: &Path) -> std::io::Result<UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)?,
+        Ok(_) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "the path exists and is not a socket",
+            ))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    UnixListener::bind(path)
+}
+
+/// Accept control connections until `done`.
+pub(crate) fn spawn_unix(
+    rx: Arc<Receiver>,
+    listener: UnixListener,
+    done: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut stop = done.clone();
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                _ = stop.wait_for(|d| *d) => return,
+            };
+            match accepted {
+                Ok((s, _)) => {
+                    let (r, w) = FdConn::new(s).split();
+                    tokio::spawn(control(
+                        rx.clone(),
+                        CtlReader::Unix(r),
+                        CtlWriter::Unix(w),
+                        "unix".to_owned(),
+                        done.clone(),
+                    ));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "handoff control accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+    })
+}
+
+/// Accept TCP control connections until `done`.
+pub(crate) fn spawn_tcp(
+    rx: Arc<Receiver>,
+    listener: TcpListener,
+    done: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut stop = done.clone();
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                _ = stop.wait_for(|d| *d) => return,
+            };
+            match accepted {
+                Ok((s, peer)) => {
+                    let _ = s.set_nodelay(true);
+                    let (r, w) = s.into_split();
+                    tokio::spawn(control(
+                        rx.clone(),
+                        CtlReader::Tcp(MsgReader::new(r)),
+                        CtlWriter::Tcp(MsgWriter::new(w)),
+                        peer.to_string(),
+                        done.clone(),
+                    ));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "handoff control accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+    })
+}
+
+/// Receiving side of a control connection.
+enum CtlReader {
+    Unix(FdReceiver),
+    Tcp(MsgReader<tokio::net::tcp::OwnedReadHalf>),
+}
+
+impl CtlReader {
+    async fn recv(&mut self) -> Result<Option<(Message, Option<OwnedFd>)>, HandoffError> {
+        match self {
+            CtlReader::Unix(r) => r.recv().await,
+            CtlReader::Tcp(r) => Ok(r.recv().await?.map(|m| (m, None))),
+        }
+    }
+}
+
+/// Sending side of a control connection.
+enum CtlWriter {
+    Unix(FdSender),
+    Tcp(MsgWriter<tokio::net::tcp::OwnedWriteHalf>),
+}
+
+impl CtlWriter {
+    async fn send(&mut self, out: &Outgoing) -> Result<(), HandoffError> {
+        match self {
+            CtlWriter::Unix(w) => w.send(&out.msg, out.fd.as_ref().map(|f| f.as_fd())).await,
+            CtlWriter::Tcp(w) => w.send(&out.msg).await,
+        }
+    }
+}
+
+/// A message for the switch, with the descriptor it carries.
+struct Outgoing {
+    msg: Message,
+    fd: Option<OwnedFd>,
+}
+
+/// One control connection, as seen by the connections it handed in.
+pub(crate) struct Control {
+    tx: mpsc::UnboundedSender<Outgoing>,
+    routes: Mutex<HashMap<(u64, u64), oneshot::Sender<RouteAction>>>,
+    open: AtomicBool,
+}
+
+impl Control {
+    fn send(&self, msg: Message) -> bool {
+        self.tx.send(Outgoing { msg, fd: None }).is_ok()
+    }
+
+    fn is_open(&self) -> bool {
+        self.open.load(Relaxed)
+    }
+
+    /// The control connection is gone: pending and later route queries are
+    /// answered locally at once.
+    fn close(&self) {
+        self.open.store(false, Relaxed);
+        self.routes.lock().clear();
+    }
+}
+
+/// Decrements the control-connection gauge when a control connection ends.
+struct Gauge<'a>(&'a HandoffMetrics);
+
+impl Drop for Gauge<'_> {
+    fn drop(&mut self) {
+        self.0.control_connections.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Serve one control connection until the switch closes it, a frame is
+/// malformed, or the node has shut down (`done`).
+async fn control(
+    rx: Arc<Receiver>,
+    mut reader: CtlReader,
+    mut writer: CtlWriter,
+    peer: String,
+    mut done: watch::Receiver<bool>,
+) {
+    rx.metrics().control_connections.fetch_add(1, Relaxed);
+    let _gauge = Gauge(rx.metrics());
+    let (tx, mut out_rx) = mpsc::unbounded_channel::<Outgoing>();
+    let ctl = Arc::new(Control {
+        tx,
+        routes: Mutex::new(HashMap::new()),
+        open: AtomicBool::new(true),
+    });
+    // The writer outlives the reader while handed-in connections still have
+    // `Served` and `Closed` to report; after a bad frame it sends what is
+    // already queued and closes.
+    let writer_peer = peer.clone();
+    let mut writer_done = done.clone();
+    let (close, mut closing) = watch::channel(false);
+    tokio::spawn(async move {
+        let mut close_gone = false;
+        loop {
+            let out = tokio::select! {
+                biased;
+                o = out_rx.recv() => o,
+                r = closing.wait_for(|c| *c), if !close_gone => match r {
+                    Ok(_) => None,
+                    Err(_) => {
+                        close_gone = true;
+                        continue;
+                    }
+                },
+                _ = writer_done.wait_for(|d| *d) => None,
+            };
+            let Some(out) = out else { return };
+            match writer.send(&out).await {
+                Ok(()) => {}
+                Err(HandoffError::Proto(e)) => {
+                    tracing::warn!(peer = %writer_peer, error = %e, msg = name_of(&out.msg), id = ?out.msg.id(), "control message not encodable; dropped");
+                }
+                Err(e) => {
+                    tracing::info!(peer = %writer_peer, error = %e, "control connection lost");
+                    return;
+                }
+            }
+        }
+    });
+    let mut hello = false;
+    let end = loop {
+        let got = tokio::select! {
+            m = reader.recv() => m,
+            _ = done.wait_for(|d| *d) => break Ok(()),
+        };
+        let (msg, fd) = match got {
+            Ok(Some(m)) => m,
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e),
+        };
+        if !hello {
+            let Message::Hello { name } = msg else {
+                break Err(HandoffError::Other(format!(
+                    "expected Hello first, got {}",
+                    name_of(&msg)
+                )));
+            };
+            tracing::info!(%peer, switch = %name, "handoff control connection");
+            hello = true;
+            ctl.send(Message::Hello {
+                name: rx.name.clone(),
+            });
+            continue;
+        }
+        match msg {
+            Message::Create {
+                id,
+                client,
+                local,
+                transfer,
+                preread,
+                route,
+            } => rx.create(&ctl, id, client, local, transfer, fd, preread, route),
+            Message::Routed { id, seq, action } => match ctl.routes.lock().remove(&(id, seq)) {
+                Some(w) => {
+                    let _ = w.send(action);
+                }
+                None => tracing::debug!(id, seq, "late or unknown Routed"),
+            },
+            Message::Ping { nonce } => {
+                ctl.send(Message::Pong { nonce });
+            }
+            Message::Hello { .. } | Message::Pong { .. } => {}
+            other => {
+                tracing::debug!(%peer, msg = name_of(&other), id = ?other.id(), "unexpected control message ignored")
+            }
+        }
+    };
+    ctl.close();
+    match end {
+        Ok(()) => tracing::debug!(%peer, "handoff control connection closed"),
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "handoff control connection closed on a bad frame");
+            let _ = close.send(true);
+        }
+    }
+}
+
+/// The name of a message's kind, for logs (a `Create` can carry a megabyte).
+fn name_of(m: &Message) -> &'static str {
+    match m {
+        Message::Hello { .. } => "Hello",
+        Message::Create { .. } => "Create",
+        Message::Accepted { .. } => "Accepted",
+        Message::Drop { .. } => "Drop",
+        Message::Closed { .. } => "Closed",
+        Message::HandBack { .. } => "HandBack",
+        Message::Load(_) => "Load",
+        Message::Route { .. } => "Route",
+        Message::Routed { .. } => "Routed",
+        Message::Served { .. } => "Served",
+        Message::Ping { .. } => "Ping",
+        Message::Pong { .. } => "Pong",
+    }
+}
+
+/// How a handed-in connection travelled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Fd,
+    Repair,
+}
+
+impl Receiver {
+    /// Take (or refuse) one connection.
+    #[allow(clippy::too_many_arguments)]
+    fn create(
+        self: &Arc<Self>,
+        ctl: &Arc<Control>,
+        id: u64,
+        client: SocketAddr,
+        local: SocketAddr,
+        transfer: Transfer,
+        fd: Option<OwnedFd>,
+        preread: Vec<u8>,
+        route: bool,
+    ) {
+        let m = self.metrics();
+        // A refused descriptor is only closed: the switch still holds the
+        // socket and serves the client itself.
+        let refuse = |reason: DropReason, detail: String| {
+            let counter = match reason {
+                DropReason::Busy => &m.refused_busy,
+                DropReason::ShuttingDown => &m.refused_shutting_down,
+                DropReason::RestoreFailed => &m.refused_restore_failed,
+                DropReason::NoPrivilege => &m.refused_no_privilege,
+                _ => &m.refused_other,
+            };
+            counter.fetch_add(1, Relaxed);
+            tracing::debug!(id, %client, ?reason, %detail, "handoff refused");
+            ctl.send(Message::Drop { id, reason, detail });
+        };
+        if self.stopping() {
+            return refuse(DropReason::ShuttingDown, "node is shutting down".into());
+        }
+        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+            return refuse(DropReason::Busy, "node at its connection limit".into());
+        };
+        let Some((worker, live)) = self.pick_worker() else {
+            return refuse(DropReason::ShuttingDown, "no worker is running".into());
+        };
+        let (sock, kind) = match transfer {
+            Transfer::Fd => {
+                let Some(fd) = fd else {
+                    return refuse(DropReason::Other, "no descriptor arrived".into());
+                };
+                match socket2::SockRef::from(&fd).r#type() {
+                    Ok(t) if t == socket2::Type::STREAM => {}
+                    _ => {
+                        return refuse(
+                            DropReason::Other,
+                            "descriptor is not a stream socket".into(),
+                        )
+                    }
+                }
+                (fd, Kind::Fd)
+            }
+            Transfer::Repair(state) => {
+                let started = Instant::now();
+                // No window probe on leaving repair mode: the switch hands over a
+                // connection only with a whole request to answer, so the first segment
+                // out is the response itself (the probe costs about 15-20 us per restore,
+                // bench/handoff-micro).
+                let ropts = repair::RestoreOptions {
+                    window_probe: false,
+                };
+                match repair::restore_with(&state, local, client, ropts) {
+                    Ok(fd) => {
+                        m.restore_seconds.observe(started.elapsed().as_secs_f64());
+                        (fd, Kind::Repair)
+                    }
+                    Err(e) => {
+                        let reason = if e.is_no_privilege() {
+                            DropReason::NoPrivilege
+                        } else {
+                            DropReason::RestoreFailed
+                        };
+                        tracing::warn!(id, %client, %local, error = %e, "restore failed");
+                        return refuse(reason, truncate(e.to_string()));
+                    }
+                }
+            }
+        };
+        // Register the socket with the chosen worker's reactor.
+        let stream = {
+            let _enter = worker.enter();
+            let std = std::net::TcpStream::from(sock);
+            // A restored socket is live: closing it would reset the client
+            // while the switch still expects to keep the connection. Keep a
+            // duplicate to put it back into repair mode (silent) on failure.
+            let spare = match kind {
+                Kind::Repair => std.try_clone().ok(),
+                Kind::Fd => None,
+            };
+            match std
+                .set_nonblocking(true)
+                .and_then(|()| TcpStream::from_std(std))
+            {
+                Ok(s) => s,
+                Err(e) => {
+                    if let Some(spare) = spare {
+                        let _ = repair::dump(spare.as_fd());
+                    }
+                    return refuse(DropReason::Other, format!("cannot register socket: {e}"));
+                }
+            }
+        };
+        ctl.send(Message::Accepted { id });
+        match kind {
+            Kind::Fd => m.fd_connections.fetch_add(1, Relaxed),
+            Kind::Repair => m.repair_connections.fetch_add(1, Relaxed),
+        };
+        let nm = &self.ctx.metrics;
+        nm.connections_total.fetch_add(1, Relaxed);
+        nm.connections_active.fetch_add(1, Relaxed);
+        if let Some(r) = &self.reporter {
+            r.event();
+        }
+        tracing::trace!(id, %client, ?kind, route, "connection handed in");
+        let me = self.clone();
+        let ctl = ctl.clone();
+        worker.spawn(async move {
+            me.run(
+                ctl,
+                id,
+                kind,
+                stream,
+                BytesMut::from(&preread[..]),
+                route,
+                permit,
+            )
+            .await;
+            drop(live);
+        });
+    }
+
+    /// Serve a handed-in connection until it closes or goes back to the switch.
+    #[allow(clippy::too_many_arguments)]
+    async fn run(
+        self: Arc<Self>,
+        ctl: Arc<Control>,
+        id: u64,
+        kind: Kind,
+        mut stream: TcpStream,
+        mut preread: BytesMut,
+        route: bool,
+        permit: OwnedSemaphorePermit,
+    ) {
+        let mut dispatch = Dispatch::new(id, route, ctl.clone(), self.ctx.metrics.clone());
+        let mut total = ConnStats::default();
+        loop {
+            let out = conn::serve_dispatched(
+                &self.ctx,
+                stream,
+                self.stop.clone(),
+                preread,
+                &mut dispatch,
+            )
+            .await;
+            match out {
+                Outcome::Closed(stats) => {
+                    total += stats;
+                    ctl.send(Message::Closed {
+                        id,
+                        requests: total.requests,
+                        bytes: total.bytes,
+                    });
+                    break;
+                }
+                Outcome::Moved {
+                    stream: s,
+                    rest,
+                    stats,
+                } => {
+                    total += stats;
+                    match self.hand_back(&ctl, id, kind, s, rest, total).await {
+                        HandBack::Done => break,
+                        HandBack::Keep(s, rest) => {
+                            self.metrics().hand_back_failures.fetch_add(1, Relaxed);
+                            stream = s;
+                            preread = rest;
+                            dispatch.resume();
+                        }
+                        HandBack::Lost => {
+                            self.metrics().hand_back_failures.fetch_add(1, Relaxed);
+                            ctl.send(Message::Closed {
+                                id,
+                                requests: total.requests,
+                                bytes: total.bytes,
+                            });
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        self.ctx.metrics.connections_active.fetch_sub(1, Relaxed);
+        if let Some(r) = &self.reporter {
+            r.event();
+        }
+        drop(permit);
+    }
+
+    /// Give the connection back to the switch with `rest` (the next
+    /// request, unread by the node's HTTP loop).
+    async fn hand_back(
+        &self,
+        ctl: &Control,
+        id: u64,
+        kind: Kind,
+        stream: TcpStream,
+        rest: BytesMut,
+        total: ConnStats,
+    ) -> HandBack {
+        if !ctl.is_open() || rest.len() > MAX_PREREAD {
+            tracing::debug!(id, "hand-back not possible; serving locally");
+            return HandBack::Keep(stream, rest);
+        }
+        let fd: OwnedFd = match stream.into_std() {
+            Ok(s) => s.into(),
+            Err(e) => {
+                tracing::warn!(id, error = %e, "cannot take the socket off the runtime");
+                return HandBack::Lost;
+            }
+        };
+        let msg = |transfer| Message::HandBack {
+            id,
+            transfer,
+            preread: rest.to_vec(),
+            requests: total.requests,
+            bytes: total.bytes,
+        };
+        match kind {
+            Kind::Fd => {
+                // Same kernel socket: nothing to wait for. The node's copy is
+                // closed (never shut down) once the frame is sent.
+                let out = Outgoing {
+                    msg: msg(Transfer::Fd),
+                    fd: Some(fd),
+                };
+                match ctl.tx.send(out) {
+                    Ok(()) => {
+                        self.metrics().hand_backs.fetch_add(1, Relaxed);
+                        HandBack::Done
+                    }
+                    Err(mpsc::error::SendError(out)) => match out.fd.map(restream) {
+                        Some(Ok(s)) => HandBack::Keep(s, rest),
+                        _ => HandBack::Lost,
+                    },
+                }
+            }
+            Kind::Repair => {
+                // Everything sent must be acknowledged before the dump, so
+                // the switch restores a connection with nothing in flight.
+                let waited = tokio::task::spawn_blocking(move || {
+                    match repair::wait_acked(fd.as_fd(), ACK_TIMEOUT) {
+                        Ok(true) => {}
+                        Ok(false) => tracing::debug!(id, "responses not acknowledged in time"),
+                        Err(e) => tracing::debug!(id, error = %e, "cannot read the send queue"),
+                    }
+                    let dumped = repair::dump(fd.as_fd());
+                    (fd, dumped)
+                })
+                .await;
+                let Ok((fd, dumped)) = waited else {
+                    return HandBack::Lost;
+                };
+                match dumped {
+                    Ok(state) => {
+                        // In repair mode: closing sends nothing to the client.
+                        drop(fd);
+                        if ctl.send(msg(Transfer::Repair(Box::new(state)))) {
+                            self.metrics().hand_backs.fetch_add(1, Relaxed);
+                            HandBack::Done
+                        } else {
+                            HandBack::Lost
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(id, error = %e, "dump for hand-back failed; serving locally");
+                        match restream(fd) {
+                            Ok(s) => HandBack::Keep(s, rest),
+                            Err(_) => HandBack::Lost,
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What became of a hand-back.
+enum HandBack {
+    /// The switch has the connection.
+    Done,
+    /// It stays here: serve on.
+    Keep(TcpStream, BytesMut),
+    /// It could be neither handed back nor kept.
+    Lost,
+}
+
+/// A socket taken off the runtime, registered again on the current one.
+fn restream(fd: OwnedFd) -> std::io::Result<TcpStream> {
+    let std = std::net::TcpStream::from(fd);
+    std.set_nonblocking(true)?;
+    TcpStream::from_std(std)
+}
+
+fn truncate(mut s: String) -> String {
+    if s.len() > MAX_STRING {
+        let mut cut = MAX_STRING;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}
+
+/// What the HTTP loop does with a request of a handed-in connection.
+pub(crate) enum Step {
+    /// Serve it here; `dispatched` when the switch chose this (its response
+    /// is reported with `Served`).
+    Local { dispatched: bool },
+    /// Fetch it from the node whose HTTP listener is at this address.
+    Forward(SocketAddr),
+    /// Give the connection back to the switch, this request unread.
+    HandBack,
+}
+
+/// The per-connection link between the HTTP loop and the switch.
+pub(crate) struct Dispatch {
+    id: u64,
+    route: bool,
+    /// Requests seen on the connection.
+    seq: u64,
+    /// The next request was already routed (a failed hand-back): serve it
+    /// without asking again.
+    skip_next: bool,
+    ctl: Arc<Control>,
+    metrics: Arc<NodeMetrics>,
+    /// A dispatched response produced and not yet written: (status, bytes).
+    served: Option<(u16, u64)>,
+}
+
+impl Dispatch {
+    pub(crate) fn new(id: u64, route: bool, ctl: Arc<Control>, metrics: Arc<NodeMetrics>) -> Self {
+        Dispatch {
+            id,
+            route,
+            seq: 0,
+            skip_next: false,
+            ctl,
+            metrics,
+            served: None,
+        }
+    }
+
+    /// Whether the next request will be announced to the switch.
+    pub(crate) fn asks(&self) -> bool {
+        self.route && self.seq >= 1 && !self.skip_next
+    }
+
+    /// After a failed hand-back: the pending request is served here.
+    fn resume(&mut self) {
+        self.skip_next = true;
+        self.seq = self.seq.saturating_sub(1);
+    }
+
+    /// Decide how to serve the next request.
+    pub(crate) async fn route(&mut self, head: &RequestHead) -> Step {
+        self.seq += 1;
+        if self.seq == 1 && !self.skip_next {
+            return Step::Local { dispatched: true };
+        }
+        if std::mem::take(&mut self.skip_next) || !self.route {
+            return Step::Local { dispatched: false };
+        }
+        match self.ask(head).await {
+            Some(RouteAction::Serve) => Step::Local { dispatched: true },
+            Some(RouteAction::Forward(peer)) => Step::Forward(peer),
+            Some(RouteAction::HandBack) => Step::HandBack,
+            None => Step::Local { dispatched: false },
+        }
+    }
+
+    /// Send `Route` and wait for the answer; `None` when there is none.
+    async fn ask(&mut self, head: &RequestHead) -> Option<RouteAction> {
+        let m = &self.metrics.handoff;
+        let too_long = head.target.len() > MAX_TARGET
+            || head.method_token.len() > MAX_STRING
+            || head.host.as_ref().is_some_and(|h| h.len() > MAX_TARGET);
+        if too_long || !self.ctl.is_open() {
+            m.route_timeouts.fetch_add(1, Relaxed);
+            return None;
+        }
+        let key = (self.id, self.seq);
+        let (tx, rx) = oneshot::channel();
+        self.ctl.routes.lock().insert(key, tx);
+        m.route_queries.fetch_add(1, Relaxed);
+        let sent = self.ctl.send(Message::Route {
+            id: self.id,
+            seq: self.seq,
+            method: head.method_token.clone(),
+            host: head.host.clone(),
+            target: head.target.clone(),
+        });
+        let answer = if sent {
+            tokio::time::timeout(ROUTE_TIMEOUT, rx)
+                .await
+                .ok()
+                .and_then(Result::ok)
+        } else {
+            None
+        };
+        if answer.is_none() {
+            self.ctl.routes.lock().remove(&key);
+            m.route_timeouts.fetch_add(1, Relaxed);
+            tracing::debug!(
+                id = self.id,
+                seq = self.seq,
+                "route query unanswered; serving locally"
+            );
+        }
+        answer
+    }
+
+    /// A dispatched request's response is complete in the output.
+    pub(crate) fn answered(&mut self, status: u16, bytes: u64) {
+        self.served = Some((status, bytes));
+    }
+
+    /// Everything produced has been written: report a pending response.
+    pub(crate) fn flushed(&mut self) {
+        if let Some((status, bytes)) = self.served.take() {
+            self.ctl.send(Message::Served {
+                id: self.id,
+                status,
+                bytes,
+            });
+        }
+    }
+}
+
+/// The control listeners of a running node.
+pub(crate) struct Listeners {
+    pub(crate) tcp_addr: Option<SocketAddr>,
+    pub(crate) unix_path: Option<PathBuf>,
+    pub(crate) done: watch::Sender<bool>,
+    pub(crate) tasks: Vec<JoinHandle<()>>,
+}
+
+impl Listeners {
+    /// After the workers have drained: close every control connection and
+    /// remove the socket file.
+    pub(crate) async fn close(self) {
+        let _ = self.done.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        if let Some(p) = &self.unix_path {
+            if let Err(e) = std::fs::remove_file(p) {
+                tracing::debug!(path = %p.display(), error = %e, "cannot remove the handoff socket");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn control() -> (Arc<Control>, mpsc::UnboundedReceiver<Outgoing>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let ctl = Arc::new(Control {
+            tx,
+            routes: Mutex::new(HashMap::new()),
+            open: AtomicBool::new(true),
+        });
+        (ctl, rx)
+    }
+
+    fn head(target: &str) -> RequestHead {
+        let req = format!("GET {target} HTTP/1.1\r\nHost: h\r\n\r\n");
+        match switchyard_http::request::parse(req.as_bytes(), &Default::default()) {
+            Ok(switchyard_http::request::ParseOutcome::Complete(h)) => h,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// The first request is the switch's; later ones are asked about only
+    /// with `route`, and an unanswered query is served locally.
+    #[test]
+    fn route_steps() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (ctl, mut out) = control();
+            let metrics = Arc::new(NodeMetrics::default());
+            let mut d = Dispatch::new(9, false, ctl.clone(), metrics.clone());
+            assert!(matches!(
+                d.route(&head("/a")).await,
+                Step::Local { dispatched: true }
+            ));
+            assert!(!d.asks());
+            assert!(matches!(
+                d.route(&head("/b")).await,
+                Step::Local { dispatched: false }
+            ));
+            d.answered(200, 10);
+            d.flushed();
+            d.flushed();
+            let m = out.recv().await.unwrap().msg;
+            assert_eq!(
+                m,
+                Message::Served {
+                    id: 9,
+                    status: 200,
+                    bytes: 10
+                }
+            );
+            assert!(out.try_recv().is_err());
+
+            let mut d = Dispatch::new(4, true, ctl.clone(), metrics.clone());
+            d.route(&head("/a")).await;
+            assert!(d.asks());
+            let answer = {
+                let ctl = ctl.clone();
+                async move {
+                    let Some(Outgoing {
+                        msg:
+                            Message::Route {
+                                id, seq, target, ..
+                            },
+                        ..
+                    }) = out.recv().await
+                    else {
+                        panic!("expected Route");
+                    };
+                    assert_eq!((id, seq, target.as_str()), (4, 2, "/b"));
+                    let w = ctl.routes.lock().remove(&(id, seq)).unwrap();
+                    w.send(RouteAction::HandBack).unwrap();
+                    out
+                }
+            };
+            let b = head("/b");
+            let (step, _out) = tokio::join!(d.route(&b), answer);
+            assert!(matches!(step, Step::HandBack));
+            // A failed hand-back: the same request is served without asking.
+            d.resume();
+            assert!(!d.asks());
+            assert!(matches!(
+                d.route(&head("/b")).await,
+                Step::Local { dispatched: false }
+            ));
+            // The control connection is gone: no wait at all.
+            ctl.close();
+            let t = Instant::now();
+            assert!(matches!(
+                d.route(&head("/c")).await,
+                Step::Local { dispatched: false }
+            ));
+            assert!(t.elapsed() < ROUTE_TIMEOUT);
+            assert_eq!(metrics.handoff.route_queries.load(Relaxed), 1);
+            assert_eq!(metrics.handoff.route_timeouts.load(Relaxed), 1);
+        });
+    }
+
+    /// Connections go round the workers; a finished worker is skipped.
+    #[test]
+    fn workers_are_picked_round_robin() {
+        let rts: Vec<_> = (0..3)
+            .map(|_| {
+                tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        let lives: Vec<crate::workers::Live> = (0..3).map(|_| Arc::new(())).collect();
+        let slots: Vec<WorkerSlot> = rts
+            .iter()
+            .zip(&lives)
+            .map(|(rt, l)| (rt.handle().clone(), Arc::downgrade(l)))
+            .collect();
+        let id = |start| pick(&slots, start).map(|(h, _)| h.id());
+        let ids: Vec<_> = rts.iter().map(|r| Some(r.handle().id())).collect();
+        assert_eq!(
+            [id(0), id(1), id(2), id(3)],
+            [ids[0], ids[1], ids[2], ids[0]]
+        );
+        let mut lives = lives;
+        lives.remove(1);
+        assert_eq!(id(1), ids[2]);
+        lives.clear();
+        assert!(id(0).is_none());
+        assert!(pick(&[], 0).is_none());
+    }
+
+    #[test]
+    fn long_details_are_cut_on_a_char_boundary() {
+        let s = truncate("é".repeat(MAX_STRING));
+        assert!(s.len() <= MAX_STRING);
+        assert!(s.chars().all(|c| c == 'é'));
+    }
+
+    #[test]
+    fn stale_socket_files_are_replaced_but_other_files_kept() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let p = dir.path().join("ctl.sock");
+            drop(bind_unix(&p).unwrap());
+            assert!(p.exists());
+            let _l = bind_unix(&p).unwrap();
+            let f = dir.path().join("plain");
+            std::fs::write(&f, b"x").unwrap();
+            assert!(bind_unix(&f).is_err());
+            assert!(f.exists());
+        });
+    }
+}
