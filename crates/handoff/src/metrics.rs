@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
@@ -19,8 +20,14 @@ pub struct HandoffMetrics {
     pub hand_backs: Counter,
     /// Requests a node fetched from another node (back-end forwarding).
     pub backend_forwards: Counter,
-    /// Handoffs that could not happen; the switch relayed instead.
-    pub fallbacks: Counter,
+    /// Handoffs that could not happen, by reason; the switch relayed instead.
+    pub fallbacks: Family<Vec<(&'static str, &'static str)>, Counter>,
+    /// Connections living on nodes now.
+    pub handed_active: Gauge,
+    /// Requests answered on handed-off connections (counted when they close).
+    pub requests: Counter,
+    /// Response bytes nodes sent on handed-off connections (counted when they close).
+    pub bytes: Counter,
     /// Steering entries live now.
     pub steering_entries: Gauge,
     /// Switch side: from the decision to hand off until the node's
@@ -42,11 +49,28 @@ impl HandoffMetrics {
             handoffs_repair: Counter::default(),
             hand_backs: Counter::default(),
             backend_forwards: Counter::default(),
-            fallbacks: Counter::default(),
+            fallbacks: Family::default(),
+            handed_active: Gauge::default(),
+            requests: Counter::default(),
+            bytes: Counter::default(),
             steering_entries: Gauge::default(),
             // 5 µs … ~80 ms
             latency: Histogram::new(exponential_buckets(5e-6, 2.0, 15)),
         }
+    }
+
+    /// Counts a fallback to relaying for `reason`.
+    pub fn fallback(&self, reason: &'static str) {
+        self.fallbacks
+            .get_or_create(&vec![("reason", reason)])
+            .inc();
+    }
+
+    /// Fallbacks for `reason` so far.
+    pub fn fallbacks_for(&self, reason: &'static str) -> u64 {
+        self.fallbacks
+            .get_or_create(&vec![("reason", reason)])
+            .get()
     }
 
     /// Records one handoff's latency.
@@ -79,8 +103,23 @@ impl HandoffMetrics {
         );
         sub.register(
             "fallbacks",
-            "Handoffs that could not happen; the switch relayed instead",
+            "Handoffs that could not happen, by reason; the switch relayed instead",
             self.fallbacks.clone(),
+        );
+        sub.register(
+            "requests",
+            "Requests answered on handed-off connections, counted when they close",
+            self.requests.clone(),
+        );
+        sub.register(
+            "bytes",
+            "Response bytes sent by nodes on handed-off connections, counted when they close",
+            self.bytes.clone(),
+        );
+        sub.register(
+            "connections_active",
+            "Connections living on nodes now",
+            self.handed_active.clone(),
         );
         sub.register(
             "steering_entries",
@@ -103,14 +142,18 @@ mod tests {
     fn registers_and_encodes() {
         let m = HandoffMetrics::new();
         m.handoffs_repair.inc();
-        m.fallbacks.inc();
+        m.fallback("refused");
         m.observe_latency(Duration::from_micros(30));
         let mut reg = Registry::default();
         m.register(&mut reg);
         let mut s = String::new();
         prometheus_client::encoding::text::encode(&mut s, &reg).unwrap();
         assert!(s.contains("switchyard_handoff_repair_total 1"), "{s}");
-        assert!(s.contains("switchyard_handoff_fallbacks_total 1"));
+        assert!(
+            s.contains("switchyard_handoff_fallbacks_total{reason=\"refused\"} 1"),
+            "{s}"
+        );
+        assert_eq!(m.fallbacks_for("refused"), 1);
         assert!(s.contains("switchyard_handoff_latency_seconds_count 1"));
     }
 }

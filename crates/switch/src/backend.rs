@@ -52,11 +52,18 @@ pub(crate) struct Backend {
     pub failures: AtomicU64,
     pub connects: AtomicU64,
     pub last_report: Mutex<Option<LoadReport>>,
+    /// The node's handoff control connection, when it has a control address.
+    pub control: Option<std::sync::Arc<crate::handoff::Control>>,
 }
 
 impl Backend {
     /// A backend for a switch with `workers` worker threads.
-    pub fn new(addr: SocketAddr, max_idle: usize, workers: usize) -> Self {
+    pub fn new(
+        addr: SocketAddr,
+        max_idle: usize,
+        workers: usize,
+        control: Option<crate::config::ControlAddr>,
+    ) -> Self {
         Backend {
             addr,
             label: addr.to_string(),
@@ -73,6 +80,7 @@ impl Backend {
             failures: AtomicU64::new(0),
             connects: AtomicU64::new(0),
             last_report: Mutex::new(None),
+            control: control.map(|c| std::sync::Arc::new(crate::handoff::Control::new(c))),
         }
     }
 
@@ -165,7 +173,7 @@ mod tests {
     #[tokio::test]
     async fn pool_drops_connections_the_node_closed() {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let b = Backend::new(l.local_addr().unwrap(), 2, 1);
+        let b = Backend::new(l.local_addr().unwrap(), 2, 1, None);
         let c1 = b.connect(Duration::from_secs(1)).await.unwrap();
         let (mut s1, _) = l.accept().await.unwrap();
         let c2 = b.connect(Duration::from_secs(1)).await.unwrap();
@@ -191,7 +199,7 @@ mod tests {
     #[test]
     fn pools_are_per_worker_thread() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let b = std::sync::Arc::new(Backend::new(l.local_addr().unwrap(), 8, 2));
+        let b = std::sync::Arc::new(Backend::new(l.local_addr().unwrap(), 8, 2, None));
         // Each worker thread opens a connection on its own runtime and pools it.
         let on_worker = |i: usize, f: fn(&Backend) -> Option<bool>| {
             let b = b.clone();

@@ -9,10 +9,52 @@ use switchyard_policy::{PolicyConfig, PolicyKind};
 
 use crate::SwitchError;
 
-/// One back-end node: its address and, optionally, a weight and its own in-flight cap.
+/// Where a node takes handed-off connections (its handoff control listener).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ControlAddr {
+    /// Same host: a Unix stream socket; connections travel as descriptors (`SCM_RIGHTS`).
+    Unix(std::path::PathBuf),
+    /// Another host: a TCP address; connections travel as `TCP_REPAIR` state.
+    Tcp(SocketAddr),
+}
+
+impl fmt::Display for ControlAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ControlAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+            ControlAddr::Tcp(a) => write!(f, "{a}"),
+        }
+    }
+}
+
+impl std::str::FromStr for ControlAddr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Some(p) = s.strip_prefix("unix:") {
+            if p.is_empty() {
+                return Err("empty Unix socket path in `unix:PATH`".into());
+            }
+            return Ok(ControlAddr::Unix(p.into()));
+        }
+        s.parse()
+            .map(ControlAddr::Tcp)
+            .map_err(|_| format!("invalid control address `{s}` (want unix:PATH or IP:PORT)"))
+    }
+}
+
+impl<'de> Deserialize<'de> for ControlAddr {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(de::Error::custom)
+    }
+}
+
+/// One back-end node: its address and, optionally, a weight, its own in-flight cap and its
+/// handoff control address.
 ///
-/// In the config file a node is either an address string (`"127.0.0.1:8081"`) or a table
-/// (`{ addr = "127.0.0.1:8081", weight = 2, max_inflight = 64 }`).
+/// In the config file a node is either a string (`"127.0.0.1:8081"`, or with settings after
+/// commas: `"127.0.0.1:8081,weight=2,control=unix:/run/n0.sock"`, the form `--node` takes) or
+/// a table (`{ addr = "127.0.0.1:8081", weight = 2, max_inflight = 64, control = "..." }`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeEntry {
     /// Where the node serves HTTP.
@@ -21,16 +63,54 @@ pub struct NodeEntry {
     pub weight: u32,
     /// Requests in flight on this node at most; overrides `node_max_inflight`.
     pub max_inflight: Option<u32>,
+    /// The node's handoff control listener (its `handoff_unix` or `handoff_listen`). Without
+    /// it the node's connections are always relayed.
+    pub control: Option<ControlAddr>,
 }
 
 impl NodeEntry {
-    /// A node of weight 1 with the switch-wide in-flight cap.
+    /// A node of weight 1 with the switch-wide in-flight cap and no handoff control address.
     pub fn new(addr: SocketAddr) -> Self {
         NodeEntry {
             addr,
             weight: 1,
             max_inflight: None,
+            control: None,
         }
+    }
+}
+
+impl std::str::FromStr for NodeEntry {
+    type Err = String;
+    /// `ADDR[,weight=N][,max_inflight=N][,control=unix:PATH|IP:PORT]`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut parts = s.trim().split(',');
+        let addr = parts.next().unwrap_or("").trim();
+        let addr = addr
+            .parse()
+            .map_err(|_| format!("invalid node address `{addr}` (want IP:PORT)"))?;
+        let mut e = NodeEntry::new(addr);
+        for kv in parts {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| format!("node setting `{kv}` is not KEY=VALUE"))?;
+            let (k, v) = (k.trim(), v.trim());
+            let num = |v: &str| {
+                v.parse::<u32>()
+                    .map_err(|_| format!("node setting {k}: `{v}` is not a number"))
+            };
+            match k {
+                "weight" => e.weight = num(v)?,
+                "max_inflight" => e.max_inflight = Some(num(v)?),
+                "control" => e.control = Some(v.parse()?),
+                _ => {
+                    return Err(format!(
+                        "unknown node setting `{k}` (weight, max_inflight, control)"
+                    ))
+                }
+            }
+        }
+        Ok(e)
     }
 }
 
@@ -44,6 +124,8 @@ impl<'de> Deserialize<'de> for NodeEntry {
             weight: u32,
             #[serde(default)]
             max_inflight: Option<u32>,
+            #[serde(default)]
+            control: Option<ControlAddr>,
         }
         fn one() -> u32 {
             1
@@ -52,13 +134,12 @@ impl<'de> Deserialize<'de> for NodeEntry {
         impl<'de> Visitor<'de> for V {
             type Value = NodeEntry;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a node address \"IP:PORT\" or a table { addr, weight, max_inflight }")
+                f.write_str(
+                    "a node \"IP:PORT[,weight=N][,control=...]\" or a table { addr, weight, max_inflight, control }",
+                )
             }
             fn visit_str<E: de::Error>(self, s: &str) -> Result<NodeEntry, E> {
-                s.trim()
-                    .parse()
-                    .map(NodeEntry::new)
-                    .map_err(|_| E::custom(format!("invalid node address `{s}` (want IP:PORT)")))
+                s.parse().map_err(E::custom)
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<NodeEntry, A::Error> {
                 let t = Table::deserialize(de::value::MapAccessDeserializer::new(map))?;
@@ -66,11 +147,53 @@ impl<'de> Deserialize<'de> for NodeEntry {
                     addr: t.addr,
                     weight: t.weight,
                     max_inflight: t.max_inflight,
+                    control: t.control,
                 })
             }
         }
         d.deserialize_any(V)
     }
+}
+
+/// How responses reach clients.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mechanism {
+    /// Two-way: the switch relays requests and responses over pooled node connections.
+    #[default]
+    Relay,
+    /// One-way: the switch hands the client's connection to the node, which answers the client
+    /// directly (nodes with a `control` address; others are relayed).
+    Handoff,
+}
+
+/// What happens to the second and later requests of a handed-off connection.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Persistent {
+    /// `backend-forwarding`/`multiple-handoff` as `ext-lard` decides per request when the policy
+    /// is `ext-lard`; `single` otherwise.
+    #[default]
+    Auto,
+    /// The node the connection went to serves all of its requests (single handoff).
+    Single,
+    /// The node asks the switch per request; a request for another node's content moves the
+    /// connection there once the responses sent are acknowledged (seed 003 §7.2).
+    MultipleHandoff,
+    /// The node asks the switch per request; another node's content is fetched from that node
+    /// over persistent node-to-node connections (seed 003 §3.3).
+    BackendForwarding,
+}
+
+/// Steering backend for handoffs across hosts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum SteeringKind {
+    /// tc/eBPF on `steering_iface` (needs clang and bpftool at start, see scripts/install-lab-deps).
+    #[default]
+    Ebpf,
+    /// An nftables netdev ingress map with `fwd`.
+    Nftables,
 }
 
 /// The policy setting: a name (`policy = "lard"`) or a full `[switch.policy]` table with the
@@ -165,6 +288,21 @@ pub struct SwitchConfig {
     pub splice_min_bytes: u64,
     /// Add the client's address to `X-Forwarded-For` on forwarded requests.
     pub forwarded_for: bool,
+    /// `relay` (two-way) or `handoff` (one-way: the node answers the client directly;
+    /// `--mechanism`).
+    pub mechanism: Mechanism,
+    /// Persistent connections under handoff: `auto`, `single`, `multiple-handoff` or
+    /// `backend-forwarding` (`--persistent`).
+    pub persistent: Persistent,
+    /// Steering backend for handoffs across hosts: `ebpf` or `nftables`.
+    pub steering: SteeringKind,
+    /// Interface on which client packets arrive and leave for the nodes (handoffs across hosts).
+    pub steering_iface: String,
+    /// Time a node has to answer a handoff (`Accepted` or `Drop`); then the switch relays.
+    pub handoff_timeout_ms: u64,
+    /// How long a steering entry stays after the node reports the connection closed, so the
+    /// last packets of the FIN exchange still reach the node.
+    pub handoff_linger_ms: u64,
 }
 
 impl Default for SwitchConfig {
@@ -199,6 +337,12 @@ impl Default for SwitchConfig {
             retries: 1,
             splice_min_bytes: 64 * 1024,
             forwarded_for: true,
+            mechanism: Mechanism::Relay,
+            persistent: Persistent::Auto,
+            steering: SteeringKind::Ebpf,
+            steering_iface: "eth0".to_owned(),
+            handoff_timeout_ms: 1_000,
+            handoff_linger_ms: 1_000,
         }
     }
 }
@@ -246,6 +390,15 @@ impl SwitchConfig {
         if self.max_request_line < 16 || self.max_head_bytes < self.max_request_line {
             return bad("max_request_line must be >= 16 and max_head_bytes >= max_request_line");
         }
+        if self.handoff_timeout_ms == 0 {
+            return bad("handoff_timeout_ms must be positive");
+        }
+        if self.mechanism == Mechanism::Handoff && self.nodes.iter().all(|n| n.control.is_none()) {
+            return bad(
+                "mechanism = \"handoff\" needs nodes with a control address \
+                 (--node ADDR,control=unix:PATH or control=IP:PORT)",
+            );
+        }
         if self.max_response_head_bytes < 256 {
             return bad("max_response_head_bytes must be at least 256");
         }
@@ -261,9 +414,10 @@ pub struct SwitchArgs {
     /// Address clients connect to.
     #[arg(long)]
     pub listen: Option<SocketAddr>,
-    /// A back-end node address (repeatable); replaces the config's node list.
-    #[arg(long = "node", value_name = "ADDR")]
-    pub nodes: Vec<SocketAddr>,
+    /// A back-end node (repeatable): `ADDR[,weight=N][,max_inflight=N][,control=unix:PATH|IP:PORT]`;
+    /// replaces the config's node list.
+    #[arg(long = "node", value_name = "NODE")]
+    pub nodes: Vec<NodeEntry>,
     /// Dispatching policy: rr, wrr, lc, chash, lard, lard-r, ext-lard or cap.
     #[arg(long)]
     pub policy: Option<PolicyKind>,
@@ -282,6 +436,18 @@ pub struct SwitchArgs {
     /// Requests in flight on one node at most (0: no cap).
     #[arg(long)]
     pub node_max_inflight: Option<u32>,
+    /// How responses reach clients: relay (two-way) or handoff (one-way).
+    #[arg(long, value_enum)]
+    pub mechanism: Option<Mechanism>,
+    /// Persistent connections under handoff.
+    #[arg(long, value_enum)]
+    pub persistent: Option<Persistent>,
+    /// Steering backend for handoffs across hosts.
+    #[arg(long, value_enum)]
+    pub steering: Option<SteeringKind>,
+    /// Interface client packets arrive on (handoffs across hosts).
+    #[arg(long)]
+    pub steering_iface: Option<String>,
     /// Seconds to let open connections finish on SIGTERM/SIGINT.
     #[arg(long, default_value_t = 10)]
     pub drain_secs: u64,
@@ -295,7 +461,7 @@ impl SwitchArgs {
             cfg.listen = v;
         }
         if !self.nodes.is_empty() {
-            cfg.nodes = self.nodes.iter().copied().map(NodeEntry::new).collect();
+            cfg.nodes = self.nodes.clone();
         }
         if let Some(p) = self.policy {
             cfg.policy.name = p;
@@ -314,6 +480,18 @@ impl SwitchArgs {
         }
         if let Some(v) = self.node_max_inflight {
             cfg.node_max_inflight = v;
+        }
+        if let Some(v) = self.mechanism {
+            cfg.mechanism = v;
+        }
+        if let Some(v) = self.persistent {
+            cfg.persistent = v;
+        }
+        if let Some(v) = self.steering {
+            cfg.steering = v;
+        }
+        if let Some(v) = &self.steering_iface {
+            cfg.steering_iface = v.clone();
         }
         cfg
     }
@@ -375,8 +553,11 @@ mod tests {
         let args = SwitchArgs {
             nodes: vec![
                 "127.0.0.1:5".parse().unwrap(),
-                "127.0.0.1:6".parse().unwrap(),
+                "127.0.0.1:6,weight=2,control=unix:/tmp/n6.sock"
+                    .parse()
+                    .unwrap(),
             ],
+            mechanism: Some(Mechanism::Handoff),
             policy: Some(PolicyKind::Rr),
             max_connections: Some(9),
             ..SwitchArgs::default()
@@ -385,5 +566,47 @@ mod tests {
         assert_eq!(c.nodes.len(), 2);
         assert_eq!(c.policy.name, PolicyKind::Rr);
         assert_eq!(c.max_connections, 9);
+        assert_eq!(c.mechanism, Mechanism::Handoff);
+        assert_eq!(c.nodes[1].weight, 2);
+        assert_eq!(
+            c.nodes[1].control,
+            Some(ControlAddr::Unix("/tmp/n6.sock".into()))
+        );
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn node_strings_and_control_addresses() {
+        let e: NodeEntry = "10.0.0.2:80,control=10.0.0.2:7000,max_inflight=5"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            e.control,
+            Some(ControlAddr::Tcp("10.0.0.2:7000".parse().unwrap()))
+        );
+        assert_eq!(e.max_inflight, Some(5));
+        for bad in [
+            "10.0.0.2",
+            "10.0.0.2:80,weight",
+            "10.0.0.2:80,weight=x",
+            "10.0.0.2:80,colour=red",
+            "10.0.0.2:80,control=unix:",
+            "10.0.0.2:80,control=nowhere",
+        ] {
+            assert!(bad.parse::<NodeEntry>().is_err(), "{bad}");
+        }
+        let cfg: SwitchConfig = toml::from_str(
+            "mechanism = \"handoff\"\npersistent = \"backend-forwarding\"\n\
+             nodes = [{ addr = \"127.0.0.1:1\", control = \"unix:/tmp/a.sock\" }]\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.persistent, Persistent::BackendForwarding);
+        cfg.validate().unwrap();
+        let no_control = SwitchConfig {
+            mechanism: Mechanism::Handoff,
+            ..SwitchConfig::with_nodes(&["127.0.0.1:1".parse().unwrap()])
+        };
+        let e = no_control.validate().unwrap_err().to_string();
+        assert!(e.contains("control"), "{e}");
     }
 }

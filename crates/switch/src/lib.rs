@@ -36,6 +36,19 @@
 //!    the next request on the connection. Pipelined requests are handled one after the other, so
 //!    they are answered in order.
 //!
+//! # One-way delivery (`mechanism = "handoff"`)
+//!
+//! With handoff, step 4 changes for a request without a body whose node has a `control`
+//! address: instead of relaying, the switch hands the client's connection itself to the node
+//! (`handoff.rs`): over the node's Unix control socket as a descriptor (same host), or as
+//! `TCP_REPAIR` state over its TCP control connection with a steering entry that sends the
+//! client's later packets to the node (another host). The node answers the client directly;
+//! the switch learns of each finished request (`Served`, for the policy), of further requests
+//! when persistent connections are routed (`Route` → serve, back-end forwarding or hand back —
+//! multiple handoff, which the switch passes on to the next node), and of the end (`Closed`).
+//! When a handoff cannot happen — control connection down, no steering, the node refuses or
+//! does not answer in time — the switch relays that connection as above and counts the reason.
+//!
 //! # Failures, health and load
 //!
 //! An idempotent request without a body that fails on a node before any response byte reached
@@ -60,6 +73,7 @@ pub mod config;
 pub mod metrics;
 
 mod backend;
+mod handoff;
 mod health;
 mod relay;
 mod report;
@@ -160,6 +174,8 @@ pub(crate) struct Shared {
     health_tasks: Mutex<Vec<JoinHandle<()>>>,
     /// Worker threads (fixed for the switch's lifetime).
     workers: usize,
+    /// One-way delivery: control connections' shared state, handed-off connections, steering.
+    pub(crate) handoffs: handoff::Handoffs,
 }
 
 impl std::fmt::Debug for Shared {
@@ -269,6 +285,32 @@ impl RunningSwitch {
         &self.shared.metrics
     }
 
+    /// One-way delivery counters: handoffs, hand-backs, back-end forwards, fallbacks by reason,
+    /// connections on nodes, steering entries, handoff latency.
+    pub fn handoff_metrics(&self) -> &switchyard_handoff::metrics::HandoffMetrics {
+        &self.shared.handoffs.metrics
+    }
+
+    /// Wait until every node with a handoff control address has its control connection up, at
+    /// most `limit`; false if some are still down then (their connections are relayed).
+    pub async fn wait_for_controls(&self, limit: Duration) -> bool {
+        let until = Instant::now() + limit;
+        loop {
+            let g = self.shared.current();
+            let ready = g
+                .nodes
+                .iter()
+                .all(|b| b.control.as_ref().is_none_or(|c| c.is_up()));
+            if ready {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// The policy's counters (a snapshot).
     pub fn policy_stats(&self) -> switchyard_policy::PolicyStats {
         self.shared.current().policy.lock().stats()
@@ -345,6 +387,7 @@ impl RunningSwitch {
         for b in &g.nodes {
             b.clear_idle();
         }
+        self.shared.handoffs.shutdown();
         tracing::info!("switch stopped");
     }
 }
@@ -391,14 +434,26 @@ fn build_generation(
     let mut fresh = Vec::new();
     let mut specs = Vec::with_capacity(cfg.nodes.len());
     for (i, e) in cfg.nodes.iter().enumerate() {
-        let reused = old.and_then(|g| g.nodes.iter().find(|b| b.addr == e.addr).cloned());
+        let reused = old.and_then(|g| {
+            g.nodes
+                .iter()
+                .find(|b| {
+                    b.addr == e.addr && b.control.as_ref().map(|c| &c.addr) == e.control.as_ref()
+                })
+                .cloned()
+        });
         let b = match reused {
             Some(b) => {
                 b.max_idle.store(cfg.pool_max_idle as u64, Relaxed);
                 b
             }
             None => {
-                let b = Arc::new(Backend::new(e.addr, cfg.pool_max_idle, shared.workers));
+                let b = Arc::new(Backend::new(
+                    e.addr,
+                    cfg.pool_max_idle,
+                    shared.workers,
+                    e.control.clone(),
+                ));
                 fresh.push(b.clone());
                 b
             }
@@ -439,10 +494,15 @@ fn build_generation(
 }
 
 fn spawn_health(shared: &Arc<Shared>, b: Arc<Backend>) {
+    let control = b
+        .control
+        .is_some()
+        .then(|| tokio::spawn(handoff::run_control(shared.clone(), b.clone())));
     let t = tokio::spawn(health::run(shared.clone(), b));
     let mut tasks = shared.health_tasks.lock();
     tasks.retain(|t| !t.is_finished());
     tasks.push(t);
+    tasks.extend(control);
 }
 
 /// Bind the switch's listeners and start serving.
@@ -494,6 +554,7 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
         refusing: AtomicUsize::new(0),
         health_tasks: Mutex::new(Vec::new()),
         workers,
+        handoffs: handoff::Handoffs::new(&cfg, &format!("switch-{}", addr.port())),
     });
     let (gen, fresh) = build_generation(&shared, &cfg, None)?;
     *shared.gen.write() = Arc::new(gen);

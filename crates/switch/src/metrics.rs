@@ -27,6 +27,13 @@
 //! | `switchyard_switch_node_reported_connections`, `_reported_disk_queue` | `node` | its last load report |
 //! | `switchyard_switch_policy_*_total` | `policy` | `decisions`, `rejections`, `reassignments`, `spills`, `forwards`, `evictions` |
 //! | `switchyard_switch_policy_targets_mapped`, `_replicas` | `policy` | mapped targets, extra replicas |
+//! | `switchyard_handoff_fd_total`, `_repair_total` | | connections handed to nodes (same host, across hosts) |
+//! | `switchyard_handoff_hand_backs_total` | | connections nodes gave back (multiple handoff) |
+//! | `switchyard_handoff_backend_forwards_total` | | requests routed to another node's content (back-end forwarding) |
+//! | `switchyard_handoff_fallbacks_total` | `reason` | handoffs that could not happen; relayed instead |
+//! | `switchyard_handoff_connections_active` | | connections living on nodes now |
+//! | `switchyard_handoff_steering_entries` | | steering entries live |
+//! | `switchyard_handoff_latency_seconds` | | histogram: handoff decision → node's `Accepted` |
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -159,6 +166,7 @@ pub(crate) fn register(registry: &mut Registry, shared: Arc<Shared>) {
         "Time from a parsed request head to its response relayed to the client",
         shared.metrics.relay_seconds.clone(),
     );
+    shared.handoffs.metrics.register(registry);
     registry.register_collector(Box::new(SwitchCollector { shared }));
 }
 
@@ -464,6 +472,54 @@ pub(crate) fn status_json(shared: &Shared) -> String {
             ns.map_or(0.0, |n| n.load),
         );
     }
-    s.push_str("]}");
+    let h = &shared.handoffs;
+    let _ = write!(
+        s,
+        "],\"mechanism\":\"{}\",\"handoff\":{{\"fd\":{},\"repair\":{},\"hand_backs\":{},\"backend_forwards\":{},\"connections_active\":{},\"steering\":{},\"steering_entries\":{},\"steering_error\":{},\"fallbacks\":{{",
+        match g.cfg.mechanism {
+            crate::config::Mechanism::Relay => "relay",
+            crate::config::Mechanism::Handoff => "handoff",
+        },
+        h.metrics.handoffs_fd.get(),
+        h.metrics.handoffs_repair.get(),
+        h.metrics.hand_backs.get(),
+        h.metrics.backend_forwards.get(),
+        h.metrics.handed_active.get(),
+        h.steering_kind().map_or("null".to_owned(), |k| format!("\"{k}\"")),
+        h.steering_live(),
+        h.steering_error
+            .as_deref()
+            .map_or("null".to_owned(), json_string),
+    );
+    for (i, (reason, n)) in h.fallbacks().enumerate() {
+        let _ = write!(s, "{}\"{reason}\":{n}", if i > 0 { "," } else { "" });
+    }
+    s.push_str("}}}");
     s
+}
+
+/// `s` as a JSON string literal.
+fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod json_tests {
+    #[test]
+    fn json_strings_are_escaped() {
+        assert_eq!(super::json_string("a\"b\\c\nd"), "\"a\\\"b\\\\c\\u000ad\"");
+    }
 }

@@ -21,6 +21,8 @@ use tokio::net::TcpStream;
 use tokio::time::timeout_at;
 
 use crate::backend::Backend;
+use crate::config::Mechanism;
+use crate::handoff;
 use crate::metrics::Rejection;
 use crate::response::{self as resp, BodyLength};
 use crate::splice::{self, Deadlines, MoveError};
@@ -39,6 +41,8 @@ pub(crate) enum End {
     Error(u16),
     /// I/O failed; nothing more can be sent.
     Broken,
+    /// The connection now lives on a node (one-way delivery).
+    HandedOff,
 }
 
 /// How a request's exchange with a node failed.
@@ -81,10 +85,23 @@ struct Client {
     /// The generation whose policy knows this connection.
     gen: Option<Arc<Generation>>,
     stop: tokio::sync::watch::Receiver<bool>,
+    /// A handoff of this connection failed once: relay it from now on.
+    relay_only: bool,
 }
 
-/// Serve one client connection until it closes.
+/// Serve one client connection until it closes (or moves to a node).
 pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
+    serve_with(shared, stream, peer, BytesMut::new()).await
+}
+
+/// [`serve`] a connection whose first bytes were already read (`preread`): one a node handed
+/// back that no other node took.
+pub(crate) async fn serve_with(
+    shared: Arc<Shared>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    preread: BytesMut,
+) {
     let _ = stream.set_nodelay(true);
     let id = ConnId(shared.next_conn.fetch_add(1, Relaxed));
     let stop = shared.stop.clone();
@@ -93,15 +110,19 @@ pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAd
         stream,
         peer,
         id,
-        buf: BytesMut::new(),
+        buf: preread,
         out: Vec::new(),
         fwd: Vec::new(),
         peer_ip: peer.ip().to_string(),
         gen: None,
         stop,
+        relay_only: false,
     };
-    if let End::Error(status) = c.run().await {
-        Box::pin(c.fail(status)).await;
+    match c.run().await {
+        End::Error(status) => Box::pin(c.fail(status)).await,
+        // The policy's record of the connection ends when the node reports it closed.
+        End::HandedOff => return,
+        End::Quiet | End::Broken => {}
     }
     if let Some(g) = c.gen.take() {
         g.policy.lock().connection_end(c.id, c.shared.now());
@@ -234,6 +255,13 @@ impl Client {
         let keep = head.keep_alive && !self.stopping();
         let has_body = head.framing != BodyFraming::None;
 
+        // One-way delivery: the raw bytes read so far travel with the connection. Requests with
+        // a body are relayed (their body is checked here first).
+        let mut preread = (gen.cfg.mechanism == Mechanism::Handoff
+            && !has_body
+            && !self.relay_only
+            && !self.stopping())
+        .then(|| self.buf.to_vec());
         let ip = gen.cfg.forwarded_for.then_some(self.peer_ip.as_str());
         resp::forward_request_head(&self.buf[..head.head_len], http10, ip, fwd);
         self.buf.advance(head.head_len);
@@ -273,6 +301,24 @@ impl Client {
                     return self.local_error(&gen, 503, keep, &head).await;
                 }
             };
+            if let Some(pre) = preread.take() {
+                if gen.nodes[choice.idx].control.is_some() {
+                    let offer = handoff::Offer {
+                        gen: &gen,
+                        idx: choice.idx,
+                        policy_node: choice.policy_node,
+                        conn: self.id,
+                        stream: &self.stream,
+                        peer: self.peer,
+                        preread: pre,
+                    };
+                    let r = handoff::hand_off(&self.shared, offer).await;
+                    match r {
+                        Ok(()) => return Some(End::HandedOff),
+                        Err(_) => self.relay_only = true,
+                    }
+                }
+            }
             let backend = gen.nodes[choice.idx].clone();
             backend.active.fetch_add(1, Relaxed);
             let r = self
