@@ -12,6 +12,7 @@ use anyhow::Context;
 use clap::Args;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use switchyard_switch::config::{ControlAddr, Mechanism, Persistent};
 use switchyard_switch::{NodeEntry, SwitchConfig};
 
 use crate::runtime;
@@ -48,6 +49,14 @@ pub struct DemoArgs {
     /// Seed of the generated site.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// How responses reach clients: handoff (one-way: the switch passes each client
+    /// connection to the node, which answers it directly) or relay (two-way).
+    #[arg(long, value_enum, default_value = "handoff")]
+    pub mechanism: Mechanism,
+    /// Further requests on a handed-off connection: auto, single, multiple-handoff or
+    /// backend-forwarding.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub persistent: Persistent,
 }
 
 /// What [`generate_site`] wrote.
@@ -120,7 +129,7 @@ struct NodeProcess {
 impl NodeProcess {
     /// Start `switchyard node` on free loopback ports and wait until it
     /// says where it serves.
-    fn spawn(root: &Path, cache_bytes: u64) -> anyhow::Result<NodeProcess> {
+    fn spawn(root: &Path, cache_bytes: u64, control: &Path) -> anyhow::Result<NodeProcess> {
         let exe = std::env::current_exe().context("cannot find the switchyard binary")?;
         let mut cmd = Command::new(exe);
         cmd.args([
@@ -135,6 +144,8 @@ impl NodeProcess {
         .arg("--root")
         .arg(root)
         .args(["--cache-bytes", &cache_bytes.to_string(), "--workers", "1"])
+        .arg("--handoff-unix")
+        .arg(control)
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -248,14 +259,28 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
     // The nodes are separate processes of this same binary, as in a real
     // cluster; the switch runs in this process.
+    // Each node takes handed-off connections on a Unix socket of its own.
+    let sockets = tempfile::Builder::new()
+        .prefix("switchyard-demo-ctl-")
+        .tempdir()
+        .context("cannot create a directory for the nodes' control sockets")?;
     let mut nodes = Vec::new();
-    for _ in 0..args.nodes {
-        nodes.push(NodeProcess::spawn(&dir, args.cache_bytes)?);
+    let mut entries = Vec::new();
+    for i in 0..args.nodes {
+        let control = sockets.path().join(format!("node{i}.sock"));
+        let n = NodeProcess::spawn(&dir, args.cache_bytes, &control)?;
+        entries.push(NodeEntry {
+            control: Some(ControlAddr::Unix(control)),
+            ..NodeEntry::new(n.addr)
+        });
+        nodes.push(n);
     }
     let mut cfg = SwitchConfig {
         listen: args.listen,
         admin: Some(args.admin),
-        nodes: nodes.iter().map(|n| NodeEntry::new(n.addr)).collect(),
+        nodes: entries,
+        mechanism: args.mechanism,
+        persistent: args.persistent,
         ..SwitchConfig::default()
     };
     cfg.policy.name = policy;
@@ -268,11 +293,20 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             )
         })?;
         let admin = switch.admin_addr().expect("admin configured");
+        if args.mechanism == Mechanism::Handoff
+            && !switch.wait_for_controls(Duration::from_secs(5)).await
+        {
+            tracing::warn!("some nodes' control sockets are not up: their connections are relayed");
+        }
         let mut out = std::io::stdout().lock();
         let what = if args.root.is_some() { "the site" } else { "a generated site" };
         writeln!(
             out,
-            "switchyard demo: a switch ({policy}) and {} node processes serving {what} ({} files, {:.1} MB; each node caches {:.1} MB) from {}",
+            "switchyard demo: a switch ({policy}, {}) and {} node processes serving {what} ({} files, {:.1} MB; each node caches {:.1} MB) from {}",
+            match args.mechanism {
+                Mechanism::Handoff => "one-way: connections handed to the nodes",
+                Mechanism::Relay => "relaying",
+            },
             nodes.len(),
             site.files,
             site.bytes as f64 / 1e6,
@@ -296,6 +330,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     for n in nodes {
         n.stop();
     }
+    drop(sockets);
     drop(tmp);
     Ok(())
 }

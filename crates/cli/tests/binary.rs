@@ -121,6 +121,18 @@ fn demo_serves_the_site_and_metrics_then_stops_cleanly() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    // One-way delivery: each of the three connections was handed to a node and nothing was
+    // relayed through the switch.
+    let (_, text) = get(&metrics);
+    let text = String::from_utf8(text).unwrap();
+    assert!(
+        text.contains("switchyard_handoff_fd_total 3"),
+        "three handoffs expected in\n{text}"
+    );
+    assert!(
+        text.contains("switchyard_switch_relay_seconds_count 0"),
+        "{text}"
+    );
     // Four node processes stand behind the switch, and between them they
     // served the three requests (plus any health checks so far).
     assert_eq!(node_metrics.len(), 4, "{node_metrics:?}");

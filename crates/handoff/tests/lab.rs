@@ -18,15 +18,10 @@ fn lab_up_status_exec_down() {
     let _w = common::watchdog("lab_up_status_exec_down", Duration::from_secs(120));
     let dir = tempfile::tempdir().unwrap();
     std::env::set_var("SWITCHYARD_LAB_DIR", dir.path());
-    // A stand-in for the switchyard binary: has `switch --mechanism`, then
-    // just stays up.
+    // A stand-in for the switchyard binary that just stays up.
     let fake = dir.path().join("fake-switchyard");
     let mut f = std::fs::File::create(&fake).unwrap();
-    writeln!(
-        f,
-        "#!/bin/sh\nif [ \"$2\" = \"--help\" ]; then echo '--mechanism'; exit 0; fi\nexec sleep 60"
-    )
-    .unwrap();
+    writeln!(f, "#!/bin/sh\nexec sleep 60").unwrap();
     drop(f);
     std::process::Command::new("chmod")
         .arg("+x")
@@ -55,6 +50,8 @@ fn lab_up_status_exec_down() {
             port: 80,
             no_start: false,
             binary: Some(fake.clone()),
+            switch_args: vec![],
+            node_args: vec![],
             target: target.clone(),
         },
         &mut out,
@@ -91,8 +88,22 @@ fn lab_up_status_exec_down() {
         "{cmd:?}"
     );
     assert!(
-        cmd.windows(2).any(|w| w == ["--node", "10.213.0.12:80"]),
+        cmd.windows(2)
+            .any(|w| w == ["--node", "10.213.0.12:80,control=10.213.0.12:7000"]),
         "{cmd:?}"
+    );
+    let node = procs.iter().find(|p| p["host"] == "node1").unwrap();
+    let node_cmd: Vec<&str> = node["cmd"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect();
+    assert!(
+        node_cmd
+            .windows(2)
+            .any(|w| w == ["--handoff-listen", "10.213.0.12:7000"]),
+        "{node_cmd:?}"
     );
 
     // exec on the client: the VIP answers ARP from the switch; the link is shaped.

@@ -8,8 +8,10 @@
 //! ```
 //!
 //! `up` builds the namespaces, then starts this very binary inside them
-//! (`ip netns exec NS switchyard node …` per node and, when the binary has a
-//! `switch` subcommand, `switchyard switch …` on the switch host) and writes
+//! (`ip netns exec NS switchyard node …` per node and `switchyard switch …`
+//! on the switch host; with `--mechanism handoff` the nodes take connections
+//! on a TCP control listener at port 7000, drop unmatched VIP packets, and
+//! the switch steers handed-off flows with tc/eBPF on its `eth0`) and writes
 //! a state file (`/run/switchyard/lab/<prefix>.json`, or under
 //! `$SWITCHYARD_LAB_DIR`). `down` stops the processes and removes every
 //! namespace of the prefix, with or without a state file.
@@ -23,6 +25,11 @@ use serde_json::json;
 
 use super::{LabProcess, LabSpec, LabState, Role, Topology};
 use crate::error::{HandoffError, Result};
+use crate::netns::NetNs;
+use crate::steer::NoSocketDrop;
+
+/// Port of the nodes' handoff control listeners in the lab.
+pub const CONTROL_PORT: u16 = 7000;
 
 /// Delivery mechanism asked of the switch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -79,6 +86,13 @@ pub enum LabCommand {
         /// The switchyard binary to run in the hosts (default: this one).
         #[arg(long, value_name = "PATH")]
         binary: Option<PathBuf>,
+        /// An extra argument for `switchyard switch` (repeatable), e.g.
+        /// `--switch-arg=--persistent=multiple-handoff`.
+        #[arg(long = "switch-arg", value_name = "ARG", allow_hyphen_values = true)]
+        switch_args: Vec<String>,
+        /// An extra argument for every `switchyard node` (repeatable).
+        #[arg(long = "node-arg", value_name = "ARG", allow_hyphen_values = true)]
+        node_args: Vec<String>,
         /// Which lab.
         #[command(flatten)]
         target: LabTarget,
@@ -136,6 +150,8 @@ pub fn run(cmd: &LabCommand, out: &mut dyn Write) -> Result<()> {
             port,
             no_start,
             binary,
+            switch_args,
+            node_args,
             target,
         } => {
             let spec = LabSpec {
@@ -156,7 +172,11 @@ pub fn run(cmd: &LabCommand, out: &mut dyn Write) -> Result<()> {
             let r = (|| -> Result<()> {
                 state.save(&path)?;
                 if !*no_start {
-                    start_processes(&mut state, *mechanism, *port, binary.as_deref())?;
+                    let extra = Extra {
+                        switch: switch_args,
+                        node: node_args,
+                    };
+                    start_processes(&mut state, *mechanism, *port, binary.as_deref(), &extra)?;
                     state.save(&path)?;
                 }
                 Ok(())
@@ -316,11 +336,18 @@ fn sample_site(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Extra arguments for the processes the lab starts.
+struct Extra<'a> {
+    switch: &'a [String],
+    node: &'a [String],
+}
+
 fn start_processes(
     state: &mut LabState,
     mechanism: Mechanism,
     port: u16,
     binary: Option<&Path>,
+    extra: &Extra<'_>,
 ) -> Result<()> {
     let bin = match binary {
         Some(b) => b.to_path_buf(),
@@ -338,9 +365,10 @@ fn start_processes(
         }
     };
     let topo = state.topology.clone();
+    let handoff = mechanism == Mechanism::Handoff;
     let mut nodes = Vec::new();
     for h in topo.hosts_of(Role::Node) {
-        let args = vec![
+        let mut args = vec![
             "node".to_string(),
             "--root".into(),
             root.to_string_lossy().into_owned(),
@@ -349,49 +377,44 @@ fn start_processes(
             "--admin".into(),
             format!("{}:9080", h.ip),
         ];
+        let mut entry = format!("{}:{port}", h.ip);
+        if handoff {
+            // The node takes connections over TCP (TCP_REPAIR state) and must drop, not
+            // reset, packets for the VIP that arrive before a restore completes.
+            let ns = NetNs::open(&h.netns)?;
+            NoSocketDrop::install(Some(&ns), "lab", topo.vip, Some(port))?;
+            args.push("--handoff-listen".into());
+            args.push(format!("{}:{CONTROL_PORT}", h.ip));
+            entry.push_str(&format!(",control={}:{CONTROL_PORT}", h.ip));
+        }
+        args.extend(extra.node.iter().cloned());
         let p = spawn_in(&h.netns, &h.name, &bin, &args, &logs)?;
         state.processes.push(p);
-        nodes.push(format!("{}:{port}", h.ip));
+        nodes.push(entry);
     }
-    let help = Command::new(&bin)
-        .args(["switch", "--help"])
-        .stdin(Stdio::null())
-        .output();
-    let switch_help = match help {
-        Ok(o) if o.status.success() => Some(String::from_utf8_lossy(&o.stdout).into_owned()),
-        _ => None,
-    };
-    match switch_help {
-        None => state.notes.push(
-            "this switchyard binary has no `switch` subcommand: only the nodes were started".into(),
-        ),
-        Some(help) => {
-            let sw = topo
-                .host("switch")
-                .ok_or_else(|| HandoffError::Other("lab without switch".into()))?;
-            let mut args = vec![
-                "switch".to_string(),
-                "--listen".into(),
-                format!("{}:{port}", topo.vip),
-                "--admin".into(),
-                format!("{}:9080", sw.ip),
-            ];
-            for n in &nodes {
-                args.push("--node".into());
-                args.push(n.clone());
-            }
-            if help.contains("--mechanism") {
-                args.push("--mechanism".into());
-                args.push(mechanism.as_str().into());
-            } else if mechanism == Mechanism::Handoff {
-                state
-                    .notes
-                    .push("the switch has no --mechanism option yet: it runs in relay mode".into());
-            }
-            let p = spawn_in(&sw.netns, "switch", &bin, &args, &logs)?;
-            state.processes.push(p);
-        }
+    let sw = topo
+        .host("switch")
+        .ok_or_else(|| HandoffError::Other("lab without switch".into()))?;
+    let mut args = vec![
+        "switch".to_string(),
+        "--listen".into(),
+        format!("{}:{port}", topo.vip),
+        "--admin".into(),
+        format!("{}:9080", sw.ip),
+        "--mechanism".into(),
+        mechanism.as_str().into(),
+    ];
+    for n in &nodes {
+        args.push("--node".into());
+        args.push(n.clone());
     }
+    if handoff {
+        args.push("--steering-iface".into());
+        args.push("eth0".into());
+    }
+    args.extend(extra.switch.iter().cloned());
+    let p = spawn_in(&sw.netns, "switch", &bin, &args, &logs)?;
+    state.processes.push(p);
     // Give them a moment, then make sure none died at start.
     std::thread::sleep(Duration::from_millis(400));
     for p in &state.processes {

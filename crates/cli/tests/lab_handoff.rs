@@ -1,0 +1,497 @@
+//! One-way delivery across hosts with the real binaries: `switchyard lab up --mechanism handoff`
+//! starts a switch and two nodes in their own network namespaces; clients in the client
+//! namespace fetch through the VIP. Needs root (network namespaces, TCP_REPAIR, tc/eBPF);
+//! `SWITCHYARD_SKIP_ROOT_TESTS=1` skips it with a message.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use switchyard_handoff::netns::{self, NetNs};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_switchyard"))
+}
+
+fn root_test(name: &str) -> bool {
+    if std::env::var("SWITCHYARD_SKIP_ROOT_TESTS").as_deref() == Ok("1") {
+        println!("SKIP {name}: SWITCHYARD_SKIP_ROOT_TESTS=1 (needs root and network namespaces)");
+        return false;
+    }
+    assert!(
+        netns::has_admin_caps(),
+        "{name}: needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN); run as root or set SWITCHYARD_SKIP_ROOT_TESTS=1"
+    );
+    for tool in ["ip", "tc", "nft", "clang", "bpftool", "curl"] {
+        assert!(
+            netns::which(tool).is_some(),
+            "{name}: `{tool}` is missing; run scripts/install-lab-deps"
+        );
+    }
+    if let Err(e) = switchyard_handoff::repair::check_capability() {
+        panic!("{name}: TCP_REPAIR unavailable: {e}");
+    }
+    true
+}
+
+/// A lab that is taken down when the test ends, however it ends.
+struct Lab {
+    prefix: String,
+    state_dir: tempfile::TempDir,
+    status: serde_json::Value,
+}
+
+impl Lab {
+    fn up(tag: char, extra: &[&str]) -> Lab {
+        let prefix = format!("syt{}{tag}", std::process::id() % 100_000);
+        let state_dir = tempfile::tempdir().unwrap();
+        let dir = state_dir.path().to_path_buf();
+        let lab = |args: &[&str]| {
+            let out = bin()
+                .arg("lab")
+                .args(args)
+                .args(["--prefix", &prefix])
+                .env("SWITCHYARD_LAB_DIR", &dir)
+                .output()
+                .unwrap();
+            (out.status.success(), out)
+        };
+        let mut args = vec!["up", "--nodes", "2", "--mechanism", "handoff"];
+        args.extend_from_slice(extra);
+        let (ok, out) = lab(&args);
+        let mut me = Lab {
+            prefix: prefix.clone(),
+            state_dir,
+            status: serde_json::Value::Null,
+        };
+        assert!(
+            ok,
+            "lab up failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (ok, out) = lab(&["status", "--json"]);
+        assert!(ok);
+        me.status = serde_json::from_slice(&out.stdout).unwrap();
+        me
+    }
+
+    fn vip(&self) -> SocketAddr {
+        format!("{}:80", self.status["vip"].as_str().unwrap())
+            .parse()
+            .unwrap()
+    }
+
+    fn host(&self, name: &str) -> (String, String) {
+        let h = self.status["hosts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["name"] == name)
+            .unwrap_or_else(|| panic!("no host {name}: {}", self.status));
+        (
+            h["netns"].as_str().unwrap().to_owned(),
+            h["ip"].as_str().unwrap().to_owned(),
+        )
+    }
+
+    fn pid(&self, host: &str) -> u32 {
+        self.status["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["host"] == host)
+            .and_then(|p| p["pid"].as_u64())
+            .unwrap_or_else(|| panic!("no process on {host}")) as u32
+    }
+
+    /// Run `f` on a thread inside the client namespace.
+    fn on_client<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (ns, _) = self.host("client0");
+        std::thread::spawn(move || {
+            let ns = NetNs::open(&ns).unwrap();
+            let _g = ns.enter().unwrap();
+            f()
+        })
+        .join()
+        .unwrap()
+    }
+
+    /// The switch's Prometheus text, fetched from the client host.
+    fn switch_metrics(&self) -> String {
+        let (_, ip) = self.host("switch");
+        let admin: SocketAddr = format!("{ip}:9080").parse().unwrap();
+        self.on_client(move || {
+            let (_, body) = get_once(admin, "/metrics").unwrap();
+            String::from_utf8(body).unwrap()
+        })
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        self.switch_metrics()
+            .lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+            .map_or(0.0, |v| v.trim().parse().unwrap())
+    }
+
+    fn logs(&self) -> String {
+        let mut s = String::new();
+        for p in self.status["processes"].as_array().unwrap() {
+            let log = p["log"].as_str().unwrap();
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            // Warnings and errors from the whole log, then its last lines.
+            let lines: Vec<&str> = text.lines().collect();
+            let cut = lines.len().saturating_sub(20);
+            let tail = lines[..cut]
+                .iter()
+                .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+                .chain(&lines[cut..]);
+            s.push_str(&format!("--- {log}\n"));
+            for l in tail {
+                s.push_str(l);
+                s.push('\n');
+            }
+        }
+        s
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = bin()
+            .args(["lab", "down", "--prefix", &self.prefix])
+            .env("SWITCHYARD_LAB_DIR", self.state_dir.path())
+            .output();
+    }
+}
+
+/// One HTTP/1.0 request on a new connection: status and body.
+fn get_once(addr: SocketAddr, path: &str) -> std::io::Result<(u16, Vec<u8>)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(s, "GET {path} HTTP/1.0\r\n\r\n")?;
+    let mut all = Vec::new();
+    s.read_to_end(&mut all)?;
+    let split = all
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other("no response head"))?;
+    let status = std::str::from_utf8(&all[9..12])
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other("bad status line"))?;
+    Ok((status, all[split + 4..].to_vec()))
+}
+
+/// Read one response with a Content-Length body from `s` (`buf` keeps what follows).
+fn read_response(s: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<(u16, Vec<u8>)> {
+    let mut chunk = [0u8; 65536];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_string();
+            let status: u16 = head[9..12].parse().unwrap();
+            let len: usize = head
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse().unwrap())
+                })
+                .unwrap_or(0);
+            while buf.len() < end + 4 + len {
+                let n = s.read(&mut chunk)?;
+                if n == 0 {
+                    return Err(std::io::Error::other("closed mid-body"));
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            let body = buf[end + 4..end + 4 + len].to_vec();
+            buf.drain(..end + 4 + len);
+            return Ok((status, body));
+        }
+        let n = s.read(&mut chunk)?;
+        if n == 0 {
+            return Err(std::io::Error::other("closed before a response"));
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// The lab's generated sample file of `size` bytes.
+fn sample(size: usize) -> Vec<u8> {
+    (0..size).map(|i| b'a' + (i % 26) as u8).collect()
+}
+
+#[test]
+fn handoff_across_hosts_with_the_real_switch_and_nodes() {
+    if !root_test("handoff_across_hosts_with_the_real_switch_and_nodes") {
+        return;
+    }
+    let lab = Lab::up('h', &[]);
+    let vip = lab.vip();
+    let started = Instant::now();
+    // The switch brings its control connections up in the background.
+    let ready = lab.on_client(move || {
+        let until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < until {
+            if get_once(vip, "/1k.bin").is_ok_and(|(st, _)| st == 200) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
+    });
+    assert!(ready, "the VIP never answered\n{}", lab.logs());
+    let until = Instant::now() + Duration::from_secs(10);
+    while lab.metric("switchyard_handoff_repair_total") < 1.0 {
+        let _ = lab.on_client(move || get_once(vip, "/1k.bin"));
+        assert!(
+            Instant::now() < until,
+            "no connection was handed off\n{}\n{}",
+            lab.switch_metrics(),
+            lab.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // curl through a handoff.
+    let (client_ns, _) = lab.host("client0");
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &client_ns,
+            "curl",
+            "-sS",
+            "--max-time",
+            "10",
+        ])
+        .arg(format!("http://{vip}/100k.bin"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, sample(100 * 1024));
+
+    // Keep-alive, pipelining and a 5 MB body on handed-off connections.
+    lab.on_client(move || {
+        let mut s = TcpStream::connect(vip).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = Vec::new();
+        for _ in 0..3 {
+            s.write_all(b"GET /1k.bin HTTP/1.1\r\nHost: lab\r\n\r\n")
+                .unwrap();
+            let (st, body) = read_response(&mut s, &mut buf).unwrap();
+            assert_eq!((st, body), (200, sample(1024)));
+        }
+        let mut batch = Vec::new();
+        for _ in 0..8 {
+            batch.extend_from_slice(b"GET /1k.bin HTTP/1.1\r\nHost: lab\r\n\r\n");
+        }
+        s.write_all(&batch).unwrap();
+        for _ in 0..8 {
+            let (st, body) = read_response(&mut s, &mut buf).unwrap();
+            assert_eq!((st, body.len()), (200, 1024));
+        }
+        s.write_all(b"GET /5m.bin HTTP/1.1\r\nHost: lab\r\n\r\n")
+            .unwrap();
+        let (st, body) = read_response(&mut s, &mut buf).unwrap();
+        assert_eq!(st, 200);
+        assert!(body == sample(5 * 1024 * 1024), "5 MB body differs");
+    });
+
+    // A client reusing its source port while the old connection's entry lingers.
+    lab.on_client(move || {
+        for _ in 0..2 {
+            let sock =
+                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            sock.set_reuse_address(true).unwrap();
+            sock.bind(&SocketAddr::from(([0, 0, 0, 0], 45_678)).into())
+                .unwrap();
+            sock.connect_timeout(&vip.into(), Duration::from_secs(5))
+                .unwrap();
+            let mut s: TcpStream = sock.into();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s.write_all(b"GET /1k.bin HTTP/1.1\r\nHost: lab\r\nConnection: close\r\n\r\n")
+                .unwrap();
+            let mut buf = Vec::new();
+            let (st, body) = read_response(&mut s, &mut buf).unwrap();
+            assert_eq!((st, body.len()), (200, 1024));
+            // The node closes first; wait for its FIN so the port is free at once.
+            let mut rest = Vec::new();
+            let _ = s.read_to_end(&mut rest);
+        }
+    });
+
+    // 10,000 handed-off connections, eight clients at a time, none failing.
+    let before = lab.metric("switchyard_handoff_repair_total");
+    let failures = lab.on_client(move || {
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                std::thread::spawn(move || {
+                    let mut bad = Vec::new();
+                    for _ in 0..1250 {
+                        match get_once(vip, "/1k.bin") {
+                            Ok((200, b)) if b.len() == 1024 => {}
+                            other => bad.push(format!("{other:?}")),
+                        }
+                    }
+                    bad
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    assert!(
+        failures.is_empty(),
+        "{} failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+    let handed = lab.metric("switchyard_handoff_repair_total") - before;
+    let metrics = lab.switch_metrics();
+    // A handoff that cannot happen in time is relayed, never lost: at most 1% may be.
+    assert!(
+        handed >= 9_900.0,
+        "only {handed} of 10000 handed off\n{metrics}"
+    );
+
+    // A node killed with a connection on it: the client's connection ends (no hang), and new
+    // connections are served by the other node.
+    let served = |lab: &Lab| -> Vec<f64> {
+        ["node0", "node1"]
+            .iter()
+            .map(|h| {
+                let (_, ip) = lab.host(h);
+                lab.metric(&format!(
+                    "switchyard_switch_node_requests_total{{node=\"{ip}:80\"}}"
+                ))
+            })
+            .collect()
+    };
+    let before = served(&lab);
+    let conn = lab.on_client(move || {
+        let mut s = TcpStream::connect(vip).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = Vec::new();
+        s.write_all(b"GET /1k.bin HTTP/1.1\r\nHost: lab\r\n\r\n")
+            .unwrap();
+        assert_eq!(read_response(&mut s, &mut buf).unwrap().0, 200);
+        s
+    });
+    let holder = {
+        let until = Instant::now() + Duration::from_secs(5);
+        loop {
+            let after = served(&lab);
+            if let Some(i) = (0..2).find(|&i| after[i] > before[i]) {
+                break i;
+            }
+            assert!(Instant::now() < until, "no node reported the request");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let victim = lab.pid(if holder == 0 { "node0" } else { "node1" });
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(victim as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let (ok_after, old_conn_ended) = lab.on_client(move || {
+        let mut s = conn;
+        let t = Instant::now();
+        let mut buf = Vec::new();
+        let _ = s.write_all(b"GET /1k.bin HTTP/1.1\r\nHost: lab\r\n\r\n");
+        // Either the other node still had it (a response) or it ends: never a hang.
+        let ended = read_response(&mut s, &mut buf).is_ok() || t.elapsed() < Duration::from_secs(9);
+        let mut ok = 0;
+        for _ in 0..50 {
+            if matches!(get_once(vip, "/1k.bin"), Ok((200, _))) {
+                ok += 1;
+            }
+        }
+        (ok, ended)
+    });
+    assert!(old_conn_ended);
+    assert_eq!(ok_after, 50, "requests after a node died\n{}", lab.logs());
+    assert!(started.elapsed() < Duration::from_secs(240));
+}
+
+#[test]
+fn multiple_handoff_and_backend_forwarding_across_hosts() {
+    if !root_test("multiple_handoff_and_backend_forwarding_across_hosts") {
+        return;
+    }
+    // Sixteen targets: consistent hashing spreads them over both nodes.
+    let site = tempfile::tempdir().unwrap();
+    let file = |i: usize| -> Vec<u8> { (0..3000 + i).map(|k| (k * 7 + i) as u8).collect() };
+    for i in 0..16 {
+        std::fs::write(site.path().join(format!("f{i}")), file(i)).unwrap();
+    }
+    std::fs::write(site.path().join("index.html"), b"lab\n").unwrap();
+    let root = site.path().to_str().unwrap().to_owned();
+    for (tag, mode, counter) in [
+        (
+            'm',
+            "multiple-handoff",
+            "switchyard_handoff_hand_backs_total",
+        ),
+        (
+            'f',
+            "backend-forwarding",
+            "switchyard_handoff_backend_forwards_total",
+        ),
+    ] {
+        let persistent = format!("--persistent={mode}");
+        let lab = Lab::up(
+            tag,
+            &[
+                "--root",
+                &root,
+                "--switch-arg=--policy=chash",
+                &format!("--switch-arg={persistent}"),
+            ],
+        );
+        let vip = lab.vip();
+        let until = Instant::now() + Duration::from_secs(10);
+        while lab.metric("switchyard_handoff_repair_total") < 1.0 {
+            let _ = lab.on_client(move || get_once(vip, "/index.html"));
+            assert!(Instant::now() < until, "no handoff\n{}", lab.logs());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // One keep-alive connection asks for every target, twice.
+        lab.on_client(move || {
+            let mut s = TcpStream::connect(vip).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut buf = Vec::new();
+            for round in 0..2 {
+                for i in 0..16 {
+                    s.write_all(format!("GET /f{i} HTTP/1.1\r\nHost: lab\r\n\r\n").as_bytes())
+                        .unwrap();
+                    let (st, body) = read_response(&mut s, &mut buf)
+                        .unwrap_or_else(|e| panic!("round {round} f{i}: {e}"));
+                    assert_eq!(st, 200);
+                    assert!(body == file(i), "f{i} body differs");
+                }
+            }
+        });
+        let metrics = lab.switch_metrics();
+        let moved = lab.metric(counter);
+        assert!(
+            moved > 0.0,
+            "{mode}: {counter} stayed 0\n{metrics}\n{}",
+            lab.logs()
+        );
+        assert_eq!(
+            lab.metric("switchyard_handoff_fallbacks_total{reason=\"hand_back\"}"),
+            0.0,
+            "{metrics}\n{}",
+            lab.logs()
+        );
+    }
+}
