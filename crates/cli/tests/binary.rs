@@ -53,7 +53,39 @@ fn term(child: &mut Child) -> std::process::ExitStatus {
 
 #[test]
 fn demo_serves_the_site_and_metrics_then_stops_cleanly() {
-    let child = bin()
+    run_demo(bin());
+}
+
+/// The demo's one-way delivery needs no privileges: run it with every capability dropped
+/// (when the tests run as root and `setpriv` is there; otherwise the test above already ran
+/// without privileges).
+#[test]
+fn demo_hands_off_without_any_capability() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!(
+            "SKIP demo_hands_off_without_any_capability: already unprivileged (covered above)"
+        );
+        return;
+    }
+    let setpriv = ["/usr/bin/setpriv", "/bin/setpriv"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .expect("setpriv (util-linux) is needed to drop capabilities for this test");
+    let mut cmd = Command::new(setpriv);
+    cmd.args([
+        "--bounding-set=-all",
+        "--inh-caps=-all",
+        "--ambient-caps=-all",
+        "--no-new-privs",
+        "--",
+        env!("CARGO_BIN_EXE_switchyard"),
+    ]);
+    run_demo(cmd);
+}
+
+fn run_demo(mut cmd: Command) {
+    let child = cmd
         .args([
             "demo",
             "--listen",

@@ -5,7 +5,7 @@
 //!
 //! | metric | labels | meaning |
 //! |---|---|---|
-//! | `switchyard_switch_requests_total` | `status` | responses sent to clients (relayed and the switch's own) |
+//! | `switchyard_switch_requests_total` | `status` | responses sent to clients: relayed, the switch's own, and those nodes report for requests the switch dispatched on handed-off connections |
 //! | `switchyard_switch_connections_total`, `_connections_active` | | client connections accepted, open |
 //! | `switchyard_switch_rejections_total` | `reason` | `connection_limit`, `queue_full`, `queue_timeout`, `no_node`, `bad_request` |
 //! | `switchyard_switch_retries_total` | | requests sent again to another node |
@@ -16,8 +16,8 @@
 //! | `switchyard_switch_health_checks_total`, `_health_failures_total` | | active checks run, failed |
 //! | `switchyard_switch_load_reports_total`, `_load_reports_invalid_total` | | node load reports taken, refused |
 //! | `switchyard_switch_relay_seconds` | | histogram: request head parsed → response relayed |
-//! | `switchyard_switch_node_requests_total` | `node` | responses relayed from the node |
-//! | `switchyard_switch_node_bytes_total` | `node` | response bytes relayed from the node |
+//! | `switchyard_switch_node_requests_total` | `node` | responses relayed from the node or reported served by it |
+//! | `switchyard_switch_node_bytes_total` | `node` | response bytes of those |
 //! | `switchyard_switch_node_active` | `node` | requests in flight on the node |
 //! | `switchyard_switch_node_failures_total` | `node` | failed connections and requests |
 //! | `switchyard_switch_node_connects_total` | `node` | connections opened to the node |
@@ -289,13 +289,13 @@ impl Collector for SwitchCollector {
         let node_families: [NodeFamily; 11] = [
             (
                 "switchyard_switch_node_requests",
-                "Responses relayed from the node",
+                "Responses relayed from the node or reported served by it",
                 true,
                 per_node(&|i| g.nodes[i].requests.load(Relaxed)),
             ),
             (
                 "switchyard_switch_node_bytes",
-                "Response bytes relayed from the node",
+                "Response bytes relayed from the node or reported sent by it",
                 true,
                 per_node(&|i| g.nodes[i].bytes.load(Relaxed)),
             ),
