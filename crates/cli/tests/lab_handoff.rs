@@ -120,10 +120,15 @@ impl Lab {
 
     /// The switch's Prometheus text, fetched from the client host.
     fn switch_metrics(&self) -> String {
+        self.switch_admin("/metrics")
+    }
+
+    /// A page of the switch's admin listener, fetched from the client host.
+    fn switch_admin(&self, path: &'static str) -> String {
         let (_, ip) = self.host("switch");
         let admin: SocketAddr = format!("{ip}:9080").parse().unwrap();
         self.on_client(move || {
-            let (_, body) = get_once(admin, "/metrics").unwrap();
+            let (_, body) = get_once(admin, path).unwrap();
             String::from_utf8(body).unwrap()
         })
     }
@@ -494,4 +499,49 @@ fn multiple_handoff_and_backend_forwarding_across_hosts() {
             lab.logs()
         );
     }
+}
+
+#[test]
+fn handoff_with_nftables_steering() {
+    if !root_test("handoff_with_nftables_steering") {
+        return;
+    }
+    let lab = Lab::up('n', &["--switch-arg=--steering=nftables"]);
+    let vip = lab.vip();
+    let until = Instant::now() + Duration::from_secs(10);
+    while lab.metric("switchyard_handoff_repair_total") < 1.0 {
+        let _ = lab.on_client(move || get_once(vip, "/1k.bin"));
+        assert!(Instant::now() < until, "no handoff\n{}", lab.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let before = lab.metric("switchyard_handoff_repair_total");
+    let bad = lab.on_client(move || {
+        // Keep-alive with a large body, then many short connections.
+        let mut s = TcpStream::connect(vip).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = Vec::new();
+        for _ in 0..3 {
+            s.write_all(b"GET /100k.bin HTTP/1.1\r\nHost: lab\r\n\r\n")
+                .unwrap();
+            let (st, body) = read_response(&mut s, &mut buf).unwrap();
+            assert_eq!(st, 200);
+            assert!(body == sample(100 * 1024));
+        }
+        (0..500)
+            .filter(|_| !matches!(get_once(vip, "/1k.bin"), Ok((200, b)) if b.len() == 1024))
+            .count()
+    });
+    assert_eq!(bad, 0);
+    let handed = lab.metric("switchyard_handoff_repair_total") - before;
+    assert!(
+        handed >= 495.0,
+        "{handed} handed off\n{}",
+        lab.switch_metrics()
+    );
+    assert!(
+        lab.switch_metrics()
+            .contains("switchyard_handoff_steering_entries"),
+        "{}",
+        lab.switch_metrics()
+    );
 }

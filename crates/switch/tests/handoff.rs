@@ -341,3 +341,61 @@ fn backend_forwarding_fetches_from_the_node_that_has_the_target() {
     drop(c);
     drop(nodes);
 }
+
+/// Extended LARD drives persistent connections itself (`persistent = "auto"`): a target another
+/// node already serves is fetched from it (its `forward` mechanism) or the connection moves there
+/// (`handoff`). Extended LARD does so only while the handling node's disk is busy (seed 003
+/// §4.2); a threshold of 0 makes every disk count as busy.
+#[test]
+fn extended_lard_decides_forwarding_or_moving_per_request() {
+    use switchyard_policy::Mechanism as ExtMechanism;
+    for mech in [ExtMechanism::Forward, ExtMechanism::Handoff] {
+        let dir = tempfile::tempdir().unwrap();
+        let (_nodes, entries) = nodes(2, dir.path());
+        let sw = switch(entries, |c| {
+            c.policy.name = PolicyKind::ExtLard;
+            c.policy.mechanism = mech;
+            c.policy.disk_queue_threshold = 0;
+        });
+        let m = sw.sw().handoff_metrics();
+        let by = |r: common::Response| {
+            String::from_utf8(r.body)
+                .unwrap()
+                .split(' ')
+                .next()
+                .unwrap()
+                .to_owned()
+        };
+        // The connection under test is placed on one node...
+        let mut c = sw.client();
+        let handler = by(c.get("/t0"));
+        // ...while other connections place other targets, some of them on the other node.
+        let mut others = Vec::new();
+        let mut remote = None;
+        for t in 1..10 {
+            let mut o = sw.client();
+            let node = by(o.get(&format!("/t{t}")));
+            others.push(o);
+            if node != handler {
+                remote = Some((t, node));
+                break;
+            }
+        }
+        let (t, node) = remote.expect("no target landed on the other node");
+        // The connection under test asks for it: the other node's copy answers.
+        assert_eq!(by(c.get(&format!("/t{t}"))), node, "{mech:?}");
+        match mech {
+            ExtMechanism::Forward => {
+                assert_eq!(m.backend_forwards.get(), 1);
+                assert_eq!(m.hand_backs.get(), 0);
+            }
+            _ => {
+                assert!(eventually(Duration::from_secs(5), || m.hand_backs.get() == 1));
+                assert_eq!(m.backend_forwards.get(), 0);
+            }
+        }
+        // And the connection keeps working.
+        assert_eq!(c.get("/t0").status, 200);
+        drop(others);
+    }
+}
