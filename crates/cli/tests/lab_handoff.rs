@@ -538,10 +538,17 @@ fn handoff_with_nftables_steering() {
         "{handed} handed off\n{}",
         lab.switch_metrics()
     );
-    assert!(
-        lab.switch_metrics()
-            .contains("switchyard_handoff_steering_entries"),
-        "{}",
-        lab.switch_metrics()
-    );
+    let status = lab.switch_admin("/status.json");
+    assert!(status.contains("\"steering\":\"nftables\""), "{status}");
+    // Every connection has closed: its entry goes once the linger time is over.
+    let until = Instant::now() + Duration::from_secs(10);
+    while lab.metric("switchyard_handoff_steering_entries") > 0.0 {
+        assert!(
+            Instant::now() < until,
+            "steering entries left behind\n{}",
+            lab.switch_metrics()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(lab.metric("switchyard_handoff_connections_active"), 0.0);
 }

@@ -181,6 +181,9 @@ pub(crate) struct Handoffs {
     /// The connection that owns each live steering entry (a delayed removal must not take
     /// the entry of a newer connection on the same 4-tuple).
     flows: Mutex<HashMap<Flow, u64>>,
+    /// Entries of closed connections, removed once their time is up (oldest first; every
+    /// connection of a generation lingers equally long, so deadlines stay nearly in order).
+    lingering: Mutex<VecDeque<(Instant, Flow, u64)>>,
     /// Removes the steering setup (at shutdown).
     teardown: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
@@ -255,7 +258,25 @@ impl Handoffs {
             pending: Mutex::new(HashMap::new()),
             conns: Mutex::new(HashMap::new()),
             flows: Mutex::new(HashMap::new()),
+            lingering: Mutex::new(VecDeque::new()),
             teardown: Mutex::new(teardown),
+        }
+    }
+
+    /// Remove the entries whose linger time is over (called periodically by [`run_linger`]).
+    fn expire_lingering(&self, now: Instant) {
+        loop {
+            let next = {
+                let mut q = self.lingering.lock();
+                match q.front() {
+                    Some((at, _, _)) if *at <= now => q.pop_front(),
+                    _ => None,
+                }
+            };
+            let Some((_, flow, id)) = next else {
+                return;
+            };
+            self.unsteer(&flow, id);
         }
     }
 
@@ -326,6 +347,23 @@ impl Handoffs {
             tracing::warn!(error = %e, "steering remove failed");
         }
         self.set_steering_gauge();
+    }
+}
+
+/// Remove lingering steering entries of closed connections, ten times a second, while the
+/// switch runs (one task for all of them instead of a timer per connection).
+pub(crate) async fn run_linger(shared: Arc<Shared>) {
+    if shared.handoffs.steering.is_none() {
+        return;
+    }
+    let mut stop = shared.stop.clone();
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => shared.handoffs.expire_lingering(Instant::now()),
+            _ = stop.changed() => return,
+        }
     }
 }
 
@@ -779,11 +817,9 @@ fn on_message(shared: &Arc<Shared>, b: &Arc<Backend>, m: Message, fd: Option<Own
                 if let Some(flow) = c.flow {
                     // The FIN exchange still needs the entry for a moment.
                     let linger = Duration::from_millis(c.gen.cfg.handoff_linger_ms);
-                    let sh = shared.clone();
-                    tokio::spawn(async move {
-                        tokio::time::sleep(linger).await;
-                        sh.handoffs.unsteer(&flow, id);
-                    });
+                    h.lingering
+                        .lock()
+                        .push_back((Instant::now() + linger, flow, id));
                 }
                 finish(shared, c);
             }

@@ -562,7 +562,7 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
         spawn_health(&shared, b);
     }
 
-    let mut tasks = Vec::new();
+    let mut tasks = vec![tokio::spawn(handoff::run_linger(shared.clone()))];
     let report_addr = match cfg.report_listen {
         Some(a) => {
             let sock = tokio::net::UdpSocket::bind(a)
