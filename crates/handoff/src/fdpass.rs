@@ -138,6 +138,22 @@ impl FdSender {
         }
         self.buf.clear();
         msg.encode(&mut self.buf)?;
+        self.write_buf(fd).await
+    }
+
+    /// Sends several messages that carry no descriptor with one `sendmsg` (as far as the
+    /// socket takes them).
+    pub async fn send_many<'m>(
+        &mut self,
+        msgs: impl IntoIterator<Item = &'m Message>,
+    ) -> Result<()> {
+        self.buf.clear();
+        let bad = encode_all(msgs, &mut self.buf, "message needs a descriptor");
+        self.write_buf(None).await?;
+        bad.map_or(Ok(()), |e| Err(e.into()))
+    }
+
+    async fn write_buf(&mut self, fd: Option<BorrowedFd<'_>>) -> Result<()> {
         let mut off = 0;
         let mut fd = fd;
         while off < self.buf.len() {
@@ -286,11 +302,20 @@ impl<W: AsyncWrite + Unpin> MsgWriter<W> {
 
     /// Sends one message (no descriptor transfers).
     pub async fn send(&mut self, m: &Message) -> Result<()> {
-        if m.needs_fd() {
-            return Err(ProtoError::Fd("descriptor transfer over a byte stream").into());
-        }
+        self.send_many(std::slice::from_ref(m)).await
+    }
+
+    /// Sends several messages with one write (no descriptor transfers).
+    pub async fn send_many<'m>(
+        &mut self,
+        msgs: impl IntoIterator<Item = &'m Message>,
+    ) -> Result<()> {
         self.buf.clear();
-        m.encode(&mut self.buf)?;
+        let bad = encode_all(
+            msgs,
+            &mut self.buf,
+            "descriptor transfer over a byte stream",
+        );
         self.w
             .write_all(&self.buf)
             .await
@@ -298,6 +323,29 @@ impl<W: AsyncWrite + Unpin> MsgWriter<W> {
         self.w
             .flush()
             .await
-            .map_err(|e| HandoffError::io("flush control stream", e))
+            .map_err(|e| HandoffError::io("flush control stream", e))?;
+        bad.map_or(Ok(()), |e| Err(e.into()))
     }
+}
+
+/// Encodes every message into `buf`; one that cannot be encoded (or would need a descriptor)
+/// is left out, and the first such error is returned so the caller can report it after the
+/// others went out.
+fn encode_all<'m>(
+    msgs: impl IntoIterator<Item = &'m Message>,
+    buf: &mut Vec<u8>,
+    fd_error: &'static str,
+) -> Option<ProtoError> {
+    let mut bad = None;
+    for m in msgs {
+        let r = if m.needs_fd() {
+            Err(ProtoError::Fd(fd_error))
+        } else {
+            m.encode(buf)
+        };
+        if let Err(e) = r {
+            bad.get_or_insert(e);
+        }
+    }
+    bad
 }

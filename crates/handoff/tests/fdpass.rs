@@ -201,3 +201,43 @@ async fn msg_reader_and_writer_over_tcp() {
     c.await.unwrap();
     assert!(r.recv().await.unwrap().is_none());
 }
+
+#[tokio::test]
+async fn batches_arrive_in_order_and_a_bad_frame_spoils_only_itself() {
+    use switchyard_handoff::proto::DropReason;
+    let (a, b) = FdConn::pair().unwrap();
+    let (_a_rx, mut a_tx) = a.split();
+    let (mut b_rx, _b_tx) = b.split();
+    let batch = [
+        Message::Accepted { id: 1 },
+        Message::Served {
+            id: 1,
+            status: 200,
+            bytes: 10,
+        },
+        // Too long a detail: cannot be encoded.
+        Message::Drop {
+            id: 2,
+            reason: DropReason::Other,
+            detail: "x".repeat(5000),
+        },
+        Message::Closed {
+            id: 1,
+            requests: 1,
+            bytes: 10,
+        },
+        // Needs a descriptor: not in a batch.
+        create(3, b""),
+    ];
+    assert!(a_tx.send_many(&batch).await.is_err());
+    for want in [&batch[0], &batch[1], &batch[3]] {
+        let (m, fd) = b_rx.recv().await.unwrap().unwrap();
+        assert_eq!(&m, want);
+        assert!(fd.is_none());
+    }
+    a_tx.send_many(&[Message::Ping { nonce: 7 }]).await.unwrap();
+    assert_eq!(
+        b_rx.recv().await.unwrap().unwrap().0,
+        Message::Ping { nonce: 7 }
+    );
+}

@@ -255,12 +255,32 @@ enum CtlWriter {
     Tcp(MsgWriter<tokio::net::tcp::OwnedWriteHalf>),
 }
 
+/// Most frames written with one system call.
+const MAX_BATCH: usize = 64;
+
 impl CtlWriter {
-    async fn send(&mut self, out: &Outgoing) -> Result<(), HandoffError> {
-        match self {
-            CtlWriter::Unix(w) => w.send(&out.msg, out.fd.as_ref().map(|f| f.as_fd())).await,
-            CtlWriter::Tcp(w) => w.send(&out.msg).await,
+    /// Send `batch` in order: the frames without a descriptor with one write, a frame with a
+    /// descriptor (only ever the last one) on its own. A frame that cannot be encoded is an
+    /// error for its own write only.
+    async fn send_batch(&mut self, batch: &[Outgoing]) -> Result<(), HandoffError> {
+        let (plain, with_fd) = match batch.last() {
+            Some(o) if o.fd.is_some() => (&batch[..batch.len() - 1], Some(o)),
+            _ => (batch, None),
+        };
+        if !plain.is_empty() {
+            let msgs = plain.iter().map(|o| &o.msg);
+            match self {
+                CtlWriter::Unix(w) => w.send_many(msgs).await?,
+                CtlWriter::Tcp(w) => w.send_many(msgs).await?,
+            }
         }
+        if let Some(out) = with_fd {
+            match self {
+                CtlWriter::Unix(w) => w.send(&out.msg, out.fd.as_ref().map(|f| f.as_fd())).await?,
+                CtlWriter::Tcp(w) => w.send(&out.msg).await?,
+            }
+        }
+        Ok(())
     }
 }
 
@@ -342,10 +362,19 @@ async fn control(
                 _ = writer_done.wait_for(|d| *d) => None,
             };
             let Some(out) = out else { return };
-            match writer.send(&out).await {
+            // Frames queued meanwhile (Accepted, Served, Closed of busy connections) go
+            // with the same system call; a frame with a descriptor goes on its own.
+            let mut batch = vec![out];
+            while batch.len() < MAX_BATCH && batch[batch.len() - 1].fd.is_none() {
+                match out_rx.try_recv() {
+                    Ok(o) => batch.push(o),
+                    Err(_) => break,
+                }
+            }
+            match writer.send_batch(&batch).await {
                 Ok(()) => {}
                 Err(HandoffError::Proto(e)) => {
-                    tracing::warn!(peer = %writer_peer, error = %e, msg = name_of(&out.msg), id = ?out.msg.id(), "control message not encodable; dropped");
+                    tracing::warn!(peer = %writer_peer, error = %e, frames = batch.len(), "control message not encodable; dropped");
                 }
                 Err(e) => {
                     tracing::info!(peer = %writer_peer, error = %e, "control connection lost");

@@ -595,11 +595,29 @@ async fn session(
         Io::Unix(s) => {
             let (mut reader, mut writer) = FdConn::new(s).split();
             let write = async {
+                let mut batch = Vec::new();
                 while let Some(o) = rx.recv().await {
-                    let id = o.msg.id();
-                    if let Err(e) = writer.send(&o.msg, o.fd.as_ref().map(|f| f.as_fd())).await {
-                        fail_pending(shared, id);
-                        return Err(e.to_string());
+                    let carried = if o.fd.is_some() {
+                        Some(o)
+                    } else {
+                        batch.push(o.msg);
+                        drain(&mut rx, &mut batch)
+                    };
+                    if !batch.is_empty() {
+                        let r = writer.send_many(&batch).await;
+                        if let Err(e) = r {
+                            batch.iter().for_each(|m| fail_pending(shared, m.id()));
+                            return Err(e.to_string());
+                        }
+                        batch.clear();
+                    }
+                    if let Some(o) = carried {
+                        let id = o.msg.id();
+                        let fd = o.fd.as_ref().map(|f| f.as_fd());
+                        if let Err(e) = writer.send(&o.msg, fd).await {
+                            fail_pending(shared, id);
+                            return Err(e.to_string());
+                        }
                     }
                 }
                 Ok(())
@@ -629,12 +647,21 @@ async fn session(
             let mut reader = MsgReader::new(r);
             let mut writer = MsgWriter::new(w);
             let write = async {
+                let mut batch = Vec::new();
                 while let Some(o) = rx.recv().await {
-                    let id = o.msg.id();
-                    if let Err(e) = writer.send(&o.msg).await {
-                        fail_pending(shared, id);
+                    batch.push(o.msg);
+                    // Nothing carries a descriptor over TCP: everything queued goes at once.
+                    while batch.len() < MAX_BATCH {
+                        match rx.try_recv() {
+                            Ok(o) => batch.push(o.msg),
+                            Err(_) => break,
+                        }
+                    }
+                    if let Err(e) = writer.send_many(&batch).await {
+                        batch.iter().for_each(|m| fail_pending(shared, m.id()));
                         return Err(e.to_string());
                     }
+                    batch.clear();
                 }
                 Ok(())
             };
@@ -667,6 +694,22 @@ async fn session(
             tokio::select! { r = write => r, r = read => r }
         }
     }
+}
+
+/// Most frames written with one system call.
+const MAX_BATCH: usize = 64;
+
+/// Move what else is queued into `batch` (frames without a descriptor) and return the first
+/// frame that carries one, which must go on its own.
+fn drain(rx: &mut mpsc::UnboundedReceiver<Outgoing>, batch: &mut Vec<Message>) -> Option<Outgoing> {
+    while batch.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(o) if o.fd.is_some() => return Some(o),
+            Ok(o) => batch.push(o.msg),
+            Err(_) => break,
+        }
+    }
+    None
 }
 
 fn expect_hello(
