@@ -35,9 +35,10 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use switchyard_handoff::fdpass::{FdConn, MsgReader, MsgWriter};
 use switchyard_handoff::metrics::HandoffMetrics;
-use switchyard_handoff::proto::{DropReason, Message, RouteAction, Transfer};
+use switchyard_handoff::proto::{DropReason, Message, RouteAction, Transfer, MAX_PREREAD};
 use switchyard_handoff::repair;
 use switchyard_handoff::steer::{self, Flow, Steering, Target};
+use switchyard_handoff::HandoffError;
 use switchyard_http::request::{self, ParseOutcome};
 use switchyard_policy::{ConnId, Decision, NodeId, Outcome, PolicyKind, Request as PolicyRequest};
 use tokio::net::TcpStream;
@@ -64,10 +65,12 @@ pub(crate) enum Fallback {
     Timeout,
     /// A node gave the connection back and no node took it again.
     HandBack,
+    /// The client had sent more than a `Create` carries (pipelined requests beyond 1 MiB).
+    TooMuchRead,
 }
 
 impl Fallback {
-    pub(crate) const ALL: [Fallback; 7] = [
+    pub(crate) const ALL: [Fallback; 8] = [
         Fallback::ControlDown,
         Fallback::NoSteering,
         Fallback::NotSteerable,
@@ -75,6 +78,7 @@ impl Fallback {
         Fallback::Refused,
         Fallback::Timeout,
         Fallback::HandBack,
+        Fallback::TooMuchRead,
     ];
 
     pub(crate) fn label(self) -> &'static str {
@@ -86,6 +90,7 @@ impl Fallback {
             Fallback::Refused => "refused",
             Fallback::Timeout => "timeout",
             Fallback::HandBack => "hand_back",
+            Fallback::TooMuchRead => "too_much_read",
         }
     }
 }
@@ -418,6 +423,10 @@ async fn try_hand_off(shared: &Arc<Shared>, offer: Offer<'_>) -> Result<(), Fall
     if !ctl.is_up() {
         return Err(Fallback::ControlDown);
     }
+    if preread.len() > MAX_PREREAD {
+        // More pipelined bytes than a Create carries: relay this connection.
+        return Err(Fallback::TooMuchRead);
+    }
     let local = stream.local_addr().map_err(|_| Fallback::NotSteerable)?;
     let id = h.next_id.fetch_add(1, Relaxed);
     let route = routes(gen);
@@ -614,9 +623,17 @@ async fn session(
                     if let Some(o) = carried {
                         let id = o.msg.id();
                         let fd = o.fd.as_ref().map(|f| f.as_fd());
-                        if let Err(e) = writer.send(&o.msg, fd).await {
-                            fail_pending(shared, id);
-                            return Err(e.to_string());
+                        match writer.send(&o.msg, fd).await {
+                            Ok(()) => {}
+                            // A frame that cannot be encoded spoils only itself.
+                            Err(HandoffError::Proto(e)) => {
+                                tracing::warn!(error = %e, "control frame not encodable");
+                                fail_pending(shared, id);
+                            }
+                            Err(e) => {
+                                fail_pending(shared, id);
+                                return Err(e.to_string());
+                            }
                         }
                     }
                 }
