@@ -189,7 +189,8 @@ pub enum Persistent {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum SteeringKind {
-    /// tc/eBPF on `steering_iface` (needs clang and bpftool at start, see scripts/install-lab-deps).
+    /// tc/eBPF on `steering_iface` (needs clang and bpftool at start, see scripts/install-lab-deps);
+    /// when it cannot be set up the switch falls back to nftables.
     #[default]
     Ebpf,
     /// An nftables netdev ingress map with `fwd`.

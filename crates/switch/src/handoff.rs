@@ -221,27 +221,41 @@ impl Handoffs {
         let mut teardown: Option<Box<dyn FnOnce() + Send>> = None;
         if cross_host {
             let iface = cfg.steering_iface.clone();
+            let tag = instance.replace(|c: char| !c.is_ascii_alphanumeric(), "_");
+            let nft = |teardown: &mut Option<Box<dyn FnOnce() + Send>>| {
+                steer::nft::NftSteering::setup(None, &iface, &tag).map(|s| {
+                    let tag = tag.clone();
+                    *teardown = Some(Box::new(move || {
+                        steer::nft::NftSteering::teardown(None, &tag)
+                    }));
+                    Arc::new(s) as Arc<dyn Steering>
+                })
+            };
             let r: switchyard_handoff::Result<Arc<dyn Steering>> = match cfg.steering {
                 SteeringKind::Ebpf => {
                     let ecfg = steer::ebpf::EbpfConfig::new(&iface, instance);
                     let pin_dir = ecfg.pin_dir.clone();
                     let iface2 = iface.clone();
-                    steer::ebpf::EbpfSteering::setup(&ecfg, None).map(|s| {
-                        teardown = Some(Box::new(move || {
-                            steer::ebpf::EbpfSteering::teardown(None, &iface2, &pin_dir)
-                        }));
-                        Arc::new(s) as Arc<dyn Steering>
-                    })
+                    match steer::ebpf::EbpfSteering::setup(&ecfg, None) {
+                        Ok(s) => {
+                            teardown = Some(Box::new(move || {
+                                steer::ebpf::EbpfSteering::teardown(None, &iface2, &pin_dir)
+                            }));
+                            Ok(Arc::new(s) as Arc<dyn Steering>)
+                        }
+                        // nftables is the fallback when the eBPF program cannot be built or
+                        // attached (no clang or bpftool, an older kernel).
+                        Err(e) => {
+                            tracing::warn!(error = %e, %iface, "eBPF steering unavailable; trying nftables");
+                            nft(&mut teardown).map_err(|n| {
+                                switchyard_handoff::HandoffError::Other(format!(
+                                    "eBPF: {e}; nftables: {n}"
+                                ))
+                            })
+                        }
+                    }
                 }
-                SteeringKind::Nftables => {
-                    let tag = instance.replace(|c: char| !c.is_ascii_alphanumeric(), "_");
-                    steer::nft::NftSteering::setup(None, &iface, &tag).map(|s| {
-                        teardown = Some(Box::new(move || {
-                            steer::nft::NftSteering::teardown(None, &tag)
-                        }));
-                        Arc::new(s) as Arc<dyn Steering>
-                    })
-                }
+                SteeringKind::Nftables => nft(&mut teardown),
             };
             match r {
                 Ok(s) => {
