@@ -74,6 +74,24 @@ impl Lab {
         let (ok, out) = lab(&["status", "--json"]);
         assert!(ok);
         me.status = serde_json::from_slice(&out.stdout).unwrap();
+        // The switch sets up its steering before its admin listener answers.
+        let (_, ip) = me.host("switch");
+        let admin: SocketAddr = format!("{ip}:9080").parse().unwrap();
+        let up = me.on_client(move || {
+            let until = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < until {
+                if get_once(admin, "/healthz").is_ok() {
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            false
+        });
+        assert!(
+            up,
+            "the switch's admin listener never answered\n{}",
+            me.logs()
+        );
         me
     }
 

@@ -554,7 +554,12 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
         refusing: AtomicUsize::new(0),
         health_tasks: Mutex::new(Vec::new()),
         workers,
-        handoffs: handoff::Handoffs::new(&cfg, &format!("switch-{}", addr.port())),
+        // Pins live on the host-wide BPF file system: the instance name keeps switches in
+        // different namespaces (or on different ports) apart.
+        handoffs: handoff::Handoffs::new(
+            &cfg,
+            &format!("switch-{}-{}", std::process::id(), addr.port()),
+        ),
     });
     let (gen, fresh) = build_generation(&shared, &cfg, None)?;
     *shared.gen.write() = Arc::new(gen);
