@@ -47,6 +47,10 @@ pub struct NodeArgs {
     /// TCP control listener for cross-host connection handoffs (TCP_REPAIR; needs CAP_NET_ADMIN).
     #[arg(long, value_name = "ADDR")]
     pub handoff_listen: Option<SocketAddr>,
+    /// VIP:PORT this node takes cross-host handoffs for: unmatched packets for it are dropped,
+    /// not reset, while connections are restored (installs an nftables rule; CAP_NET_ADMIN).
+    #[arg(long, value_name = "ADDR")]
+    pub handoff_vip: Option<SocketAddr>,
     /// Seconds to wait for open connections on shutdown.
     #[arg(long, default_value_t = 10)]
     pub drain_secs: u64,
@@ -87,6 +91,9 @@ impl NodeArgs {
         }
         if let Some(v) = self.handoff_listen {
             cfg.handoff_listen = Some(v);
+        }
+        if let Some(v) = self.handoff_vip {
+            cfg.handoff_vip = Some(v);
         }
         cfg
     }

@@ -254,6 +254,16 @@ fn handoff_across_hosts_with_the_real_switch_and_nodes() {
     let lab = Lab::up('h', &[]);
     let vip = lab.vip();
     let started = Instant::now();
+    // Each node installed its rule for VIP packets without a socket (--handoff-vip).
+    for node in ["node0", "node1"] {
+        let (ns, _) = lab.host(node);
+        let out = Command::new("ip")
+            .args(["netns", "exec", &ns, "nft", "list", "tables"])
+            .output()
+            .unwrap();
+        let tables = String::from_utf8_lossy(&out.stdout);
+        assert!(tables.contains("sy_nosock_node"), "{node}: {tables}");
+    }
     // The switch brings its control connections up in the background.
     let ready = lab.on_client(move || {
         let until = Instant::now() + Duration::from_secs(10);

@@ -64,6 +64,12 @@ pub struct NodeConfig {
     /// address on a local interface; without them it answers `Drop`). None (the default)
     /// takes no cross-host handoffs.
     pub handoff_listen: Option<SocketAddr>,
+    /// The VIP and port this node takes cross-host handoffs for (the switch's listen address,
+    /// held on this node's `lo`). When set, the node installs an nftables rule at start (and
+    /// removes it at shutdown) that drops, instead of resetting, TCP packets for it that find no
+    /// socket: packets arriving while a connection is being restored are then retransmitted by
+    /// the client. Needs CAP_NET_ADMIN and nftables; IPv4. None (the default): no rule.
+    pub handoff_vip: Option<SocketAddr>,
 }
 
 /// Emulated disk: every read that misses the object cache waits as if a
@@ -109,6 +115,7 @@ impl Default for NodeConfig {
             report_to: None,
             handoff_unix: None,
             handoff_listen: None,
+            handoff_vip: None,
         }
     }
 }

@@ -914,6 +914,8 @@ pub(crate) struct Listeners {
     pub(crate) unix_path: Option<PathBuf>,
     pub(crate) done: watch::Sender<bool>,
     pub(crate) tasks: Vec<JoinHandle<()>>,
+    /// The rule that drops unmatched packets for the VIP (`handoff_vip`).
+    pub(crate) drop_rule: Option<switchyard_handoff::steer::NoSocketDrop>,
 }
 
 impl Listeners {
@@ -927,6 +929,11 @@ impl Listeners {
         if let Some(p) = &self.unix_path {
             if let Err(e) = std::fs::remove_file(p) {
                 tracing::debug!(path = %p.display(), error = %e, "cannot remove the handoff socket");
+            }
+        }
+        if let Some(rule) = self.drop_rule {
+            if let Err(e) = rule.remove(None) {
+                tracing::warn!(error = %e, "cannot remove the VIP drop rule");
             }
         }
     }

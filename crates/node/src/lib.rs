@@ -319,9 +319,30 @@ async fn start_handoff(
         unix_path: None,
         done,
         tasks: Vec::new(),
+        drop_rule: None,
     };
     if cfg.handoff_unix.is_none() && cfg.handoff_listen.is_none() {
         return Ok(out);
+    }
+    if let Some(vip) = cfg.handoff_vip {
+        // Packets for the VIP that arrive while a connection is being restored find no socket;
+        // they must be dropped (the client retransmits), not answered with a reset.
+        let SocketAddr::V4(v4) = vip else {
+            return Err(NodeError::Config(
+                "handoff_vip must be an IPv4 address".into(),
+            ));
+        };
+        let tag = format!("node{}", std::process::id());
+        let rule =
+            switchyard_handoff::steer::NoSocketDrop::install(None, &tag, *v4.ip(), Some(v4.port()))
+                .map_err(|e| {
+                    NodeError::Config(format!(
+                "handoff_vip {vip}: cannot install the drop rule for unmatched VIP packets \
+                 (needs CAP_NET_ADMIN and nftables): {e}"
+            ))
+                })?;
+        tracing::info!(%vip, table = rule.table(), "VIP packets without a socket are dropped");
+        out.drop_rule = Some(rule);
     }
     if !registry.wait_for(n_workers).await {
         return Err(NodeError::Config("worker threads did not start".into()));

@@ -25,8 +25,6 @@ use serde_json::json;
 
 use super::{LabProcess, LabSpec, LabState, Role, Topology};
 use crate::error::{HandoffError, Result};
-use crate::netns::NetNs;
-use crate::steer::NoSocketDrop;
 
 /// Port of the nodes' handoff control listeners in the lab.
 pub const CONTROL_PORT: u16 = 7000;
@@ -379,12 +377,12 @@ fn start_processes(
         ];
         let mut entry = format!("{}:{port}", h.ip);
         if handoff {
-            // The node takes connections over TCP (TCP_REPAIR state) and must drop, not
-            // reset, packets for the VIP that arrive before a restore completes.
-            let ns = NetNs::open(&h.netns)?;
-            NoSocketDrop::install(Some(&ns), "lab", topo.vip, Some(port))?;
+            // The node takes connections over TCP (TCP_REPAIR state) and drops, not resets,
+            // packets for the VIP that arrive before a restore completes.
             args.push("--handoff-listen".into());
             args.push(format!("{}:{CONTROL_PORT}", h.ip));
+            args.push("--handoff-vip".into());
+            args.push(format!("{}:{port}", topo.vip));
             entry.push_str(&format!(",control={}:{CONTROL_PORT}", h.ip));
         }
         args.extend(extra.node.iter().cloned());
