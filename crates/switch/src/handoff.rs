@@ -772,18 +772,9 @@ fn fail_pending(shared: &Shared, id: Option<u64>) {
 /// The node behind a control connection is gone: its connections with it.
 fn lost(shared: &Shared, b: &Arc<Backend>) {
     let h = &shared.handoffs;
-    let gone: Vec<(u64, Handed)> = {
-        let mut conns = h.conns.lock();
-        let ids: Vec<u64> = conns
-            .iter()
-            .filter(|(_, c)| std::ptr::eq(&*c.gen.nodes[c.node], &**b))
-            .map(|(id, _)| *id)
-            .collect();
-        ids.into_iter()
-            .filter_map(|id| conns.remove(&id).map(|c| (id, c)))
-            .collect()
-    };
-    {
+    // Handoffs still waiting for this node's answer: their waiters take the connections back
+    // (and remove their table entries themselves).
+    let waiting: Vec<u64> = {
         let mut pending = h.pending.lock();
         let g = shared.current();
         let ids: Vec<u64> = pending
@@ -791,15 +782,28 @@ fn lost(shared: &Shared, b: &Arc<Backend>) {
             .filter(|(_, (i, _))| g.nodes.get(*i).is_some_and(|n| std::ptr::eq(&**n, &**b)))
             .map(|(id, _)| *id)
             .collect();
-        for id in ids {
-            if let Some((_, tx)) = pending.remove(&id) {
+        for id in &ids {
+            if let Some((_, tx)) = pending.remove(id) {
                 let _ = tx.send(Reply::Dropped(
                     DropReason::Other,
                     "control connection lost".into(),
                 ));
             }
         }
-    }
+        ids
+    };
+    // Connections the node had accepted are gone with it.
+    let gone: Vec<(u64, Handed)> = {
+        let mut conns = h.conns.lock();
+        let ids: Vec<u64> = conns
+            .iter()
+            .filter(|(id, c)| std::ptr::eq(&*c.gen.nodes[c.node], &**b) && !waiting.contains(id))
+            .map(|(id, _)| *id)
+            .collect();
+        ids.into_iter()
+            .filter_map(|id| conns.remove(&id).map(|c| (id, c)))
+            .collect()
+    };
     if !gone.is_empty() {
         tracing::warn!(node = %b.addr, connections = gone.len(), "node lost with handed-off connections");
     }
