@@ -159,6 +159,16 @@ struct Dispatched {
     counted: bool,
 }
 
+/// A `Create` waiting for its node's answer.
+struct Pending {
+    /// The node it went to.
+    node: usize,
+    /// When the first handoff of the connection started (`None`: a handed-back connection
+    /// passed on).
+    first: Option<Instant>,
+    tx: oneshot::Sender<Reply>,
+}
+
 /// A connection that lives on a node.
 struct Handed {
     gen: Arc<Generation>,
@@ -181,7 +191,7 @@ pub(crate) struct Handoffs {
     /// Why there is no steering table, if there is none.
     pub steering_error: Option<String>,
     next_id: AtomicU64,
-    pending: Mutex<HashMap<u64, (usize, oneshot::Sender<Reply>)>>,
+    pending: Mutex<HashMap<u64, Pending>>,
     conns: Mutex<HashMap<u64, Handed>>,
     /// The connection that owns each live steering entry (a delayed removal must not take
     /// the entry of a newer connection on the same 4-tuple).
@@ -469,7 +479,6 @@ async fn try_hand_off(shared: &Arc<Shared>, offer: Offer<'_>) -> Result<(), Fall
             }
         }
     };
-    let is_repair = flow.is_some();
     let mut outstanding = VecDeque::new();
     outstanding.push_back(Dispatched {
         node: idx,
@@ -490,7 +499,14 @@ async fn try_hand_off(shared: &Arc<Shared>, offer: Offer<'_>) -> Result<(), Fall
         },
     );
     let (tx, rx) = oneshot::channel();
-    h.pending.lock().insert(id, (idx, tx));
+    h.pending.lock().insert(
+        id,
+        Pending {
+            node: idx,
+            first: Some(started),
+            tx,
+        },
+    );
     let sent = ctl.send(
         Message::Create {
             id,
@@ -511,17 +527,8 @@ async fn try_hand_off(shared: &Arc<Shared>, offer: Offer<'_>) -> Result<(), Fall
         )))
     };
     match reply {
-        Ok(Ok(Reply::Accepted)) => {
-            if is_repair {
-                h.metrics.handoffs_repair.inc();
-            } else {
-                h.metrics.handoffs_fd.inc();
-            }
-            h.metrics.observe_latency(started.elapsed());
-            h.metrics.handed_active.inc();
-            b.active.fetch_add(1, Relaxed);
-            Ok(())
-        }
+        // Counted where the Accepted was read, in order with the node's later reports.
+        Ok(Ok(Reply::Accepted)) => Ok(()),
         other => {
             h.pending.lock().remove(&id);
             h.conns.lock().remove(&id);
@@ -763,7 +770,7 @@ fn expect_hello(
 /// after the timeout.
 fn fail_pending(shared: &Shared, id: Option<u64>) {
     if let Some(id) = id {
-        if let Some((_, tx)) = shared.handoffs.pending.lock().remove(&id) {
+        if let Some(Pending { tx, .. }) = shared.handoffs.pending.lock().remove(&id) {
             let _ = tx.send(Reply::Dropped(DropReason::Other, "write failed".into()));
         }
     }
@@ -779,11 +786,15 @@ fn lost(shared: &Shared, b: &Arc<Backend>) {
         let g = shared.current();
         let ids: Vec<u64> = pending
             .iter()
-            .filter(|(_, (i, _))| g.nodes.get(*i).is_some_and(|n| std::ptr::eq(&**n, &**b)))
+            .filter(|(_, p)| {
+                g.nodes
+                    .get(p.node)
+                    .is_some_and(|n| std::ptr::eq(&**n, &**b))
+            })
             .map(|(id, _)| *id)
             .collect();
         for id in &ids {
-            if let Some((_, tx)) = pending.remove(id) {
+            if let Some(Pending { tx, .. }) = pending.remove(id) {
                 let _ = tx.send(Reply::Dropped(
                     DropReason::Other,
                     "control connection lost".into(),
@@ -839,17 +850,30 @@ fn on_message(shared: &Arc<Shared>, b: &Arc<Backend>, m: Message, fd: Option<Own
     let h = &shared.handoffs;
     match m {
         Message::Accepted { id } => {
-            if let Some((node, tx)) = h.pending.lock().remove(&id) {
-                // The node may ask about the next request before the waiting task runs: the
-                // connection is on `node` from now on.
+            let pending = h.pending.lock().remove(&id);
+            if let Some(Pending { node, first, tx }) = pending {
+                // The node may ask about the next request (or report this one served) before
+                // the waiting task runs: the connection is on `node` from now on, and counted
+                // here, in order with the node's later reports.
                 if let Some(c) = h.conns.lock().get_mut(&id) {
                     c.node = node;
+                    if c.flow.is_some() {
+                        h.metrics.handoffs_repair.inc();
+                    } else {
+                        h.metrics.handoffs_fd.inc();
+                    }
+                    if let Some(started) = first {
+                        h.metrics.observe_latency(started.elapsed());
+                        h.metrics.handed_active.inc();
+                        // The first request, dispatched with the handoff.
+                        c.gen.nodes[node].active.fetch_add(1, Relaxed);
+                    }
                 }
                 let _ = tx.send(Reply::Accepted);
             }
         }
         Message::Drop { id, reason, detail } => {
-            if let Some((_, tx)) = h.pending.lock().remove(&id) {
+            if let Some(Pending { tx, .. }) = h.pending.lock().remove(&id) {
                 let _ = tx.send(Reply::Dropped(reason, detail));
             } else if let Some(c) = h.conns.lock().remove(&id) {
                 // Lost after it was accepted.
@@ -1074,7 +1098,14 @@ async fn pass_on(
         };
         if steered {
             let (tx, rx) = oneshot::channel();
-            h.pending.lock().insert(id, (to, tx));
+            h.pending.lock().insert(
+                id,
+                Pending {
+                    node: to,
+                    first: None,
+                    tx,
+                },
+            );
             let fd_copy = fd.as_ref().and_then(|f| f.try_clone().ok());
             let sent = ctl.send(
                 Message::Create {
@@ -1097,14 +1128,7 @@ async fn pass_on(
                 None
             };
             match reply {
-                Some(Reply::Accepted) => {
-                    if matches!(transfer, Transfer::Fd) {
-                        h.metrics.handoffs_fd.inc();
-                    } else {
-                        h.metrics.handoffs_repair.inc();
-                    }
-                    return;
-                }
+                Some(Reply::Accepted) => return,
                 Some(Reply::Dropped(reason, detail)) => {
                     tracing::warn!(%peer, node = %gen.nodes[to].addr, ?reason, %detail,
                         "node refused a handed-back connection");

@@ -128,8 +128,11 @@ fn connections_move_to_the_nodes_and_responses_bypass_the_switch() {
     assert_eq!(r.status, 200);
     assert!(h10.is_closed());
 
-    // Four connections, four handoffs, nothing relayed.
-    assert_eq!(m.handoffs_fd.get() - fd_before, 4);
+    // Four connections, four handoffs, nothing relayed. (The switch counts a handoff when it
+    // reads the node's Accepted, which may come after the client has its answer.)
+    assert!(eventually(Duration::from_secs(5), || m.handoffs_fd.get()
+        - fd_before
+        == 4));
     assert_eq!(fallbacks(&sw, "refused") + fallbacks(&sw, "timeout"), 0);
     assert_eq!(
         sw.metric("switchyard_switch_relay_seconds_count"),
@@ -398,4 +401,49 @@ fn extended_lard_decides_forwarding_or_moving_per_request() {
         assert_eq!(c.get("/t0").status, 200);
         drop(others);
     }
+}
+
+/// A reload keeps the control connections of the nodes that stay, opens one to a node that
+/// joins, and closes the one of a node that leaves; connections keep moving to the nodes.
+#[test]
+fn reload_adds_and_removes_nodes_under_handoff() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_nodes, entries) = nodes(3, dir.path());
+    let sw = switch(entries[..2].to_vec(), |c| c.policy.name = PolicyKind::Rr);
+    let m = sw.sw().handoff_metrics();
+    let mut cfg = switchyard_switch::SwitchConfig {
+        nodes: entries[1..].to_vec(),
+        ..switchyard_switch::SwitchConfig::default()
+    };
+    // The keys that cannot change, as the switch was started with them.
+    cfg.listen = "127.0.0.1:0".parse().unwrap();
+    cfg.admin = Some("127.0.0.1:0".parse().unwrap());
+    cfg.workers = 2;
+    cfg.mechanism = Mechanism::Handoff;
+    cfg.policy.name = PolicyKind::Rr;
+    sw.reload(cfg).unwrap();
+    // The joining node's control connection comes up; then every connection is handed off
+    // and both remaining nodes serve (node0 left the configuration).
+    assert!(eventually(Duration::from_secs(5), || sw
+        .rt
+        .block_on(sw.sw().wait_for_controls(Duration::from_millis(10)))));
+    let before = m.handoffs_fd.get();
+    let relayed = sw.metric("switchyard_switch_relay_seconds_count");
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..8 {
+        let r = sw.client().get("/who");
+        assert_eq!(r.status, 200);
+        seen.insert(String::from_utf8(r.body).unwrap());
+    }
+    // The switch counts a handoff when it reads the node's Accepted, which may come after the
+    // client already has its answer.
+    assert!(
+        eventually(Duration::from_secs(5), || m.handoffs_fd.get() - before == 8),
+        "{} handed off, fallbacks {:?}",
+        m.handoffs_fd.get() - before,
+        ["control_down", "refused", "timeout"].map(|r| fallbacks(&sw, r))
+    );
+    assert_eq!(sw.metric("switchyard_switch_relay_seconds_count"), relayed);
+    let want: std::collections::HashSet<String> = ["node1".to_string(), "node2".to_string()].into();
+    assert_eq!(seen, want);
 }
