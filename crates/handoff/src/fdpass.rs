@@ -18,7 +18,7 @@
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
@@ -316,6 +316,11 @@ impl<W: AsyncWrite + Unpin> MsgWriter<W> {
             &mut self.buf,
             "descriptor transfer over a byte stream",
         );
+        self.write_buf().await?;
+        bad.map_or(Ok(()), |e| Err(e.into()))
+    }
+
+    async fn write_buf(&mut self) -> Result<()> {
         self.w
             .write_all(&self.buf)
             .await
@@ -323,8 +328,7 @@ impl<W: AsyncWrite + Unpin> MsgWriter<W> {
         self.w
             .flush()
             .await
-            .map_err(|e| HandoffError::io("flush control stream", e))?;
-        bad.map_or(Ok(()), |e| Err(e.into()))
+            .map_err(|e| HandoffError::io("flush control stream", e))
     }
 }
 
@@ -348,4 +352,147 @@ fn encode_all<'m>(
         }
     }
     bad
+}
+
+/// A frame to send on a control connection, with the descriptor it carries (same-host
+/// `Create` and `HandBack` only).
+#[derive(Debug)]
+pub struct Outgoing {
+    /// The frame.
+    pub msg: Message,
+    /// Its descriptor, if it needs one.
+    pub fd: Option<OwnedFd>,
+}
+
+impl Outgoing {
+    /// A frame without a descriptor.
+    pub fn plain(msg: Message) -> Self {
+        Outgoing { msg, fd: None }
+    }
+}
+
+/// A frame a batch left out because it cannot be encoded (a field over its bound, or a
+/// descriptor where none can travel); the frames around it were sent.
+#[derive(Debug)]
+pub struct Unsent {
+    /// The connection the frame was about.
+    pub id: Option<u64>,
+    /// Why.
+    pub error: ProtoError,
+}
+
+/// Most frames written with one system call.
+pub const MAX_BATCH: usize = 64;
+
+/// The receiving half of a control connection: descriptors and frames over a Unix socket
+/// (same host) or frames alone over TCP (across hosts).
+#[derive(Debug)]
+pub enum ControlReader {
+    /// Same host.
+    Unix(FdReceiver),
+    /// Across hosts.
+    Tcp(MsgReader<tokio::net::tcp::OwnedReadHalf>),
+}
+
+impl ControlReader {
+    /// The next frame and its descriptor; `None` at a clean end of stream.
+    pub async fn recv(&mut self) -> Result<Option<(Message, Option<OwnedFd>)>> {
+        match self {
+            ControlReader::Unix(r) => r.recv().await,
+            ControlReader::Tcp(r) => Ok(r.recv().await?.map(|m| (m, None))),
+        }
+    }
+}
+
+/// The sending half of a control connection.
+#[derive(Debug)]
+pub enum ControlWriter {
+    /// Same host.
+    Unix(FdSender),
+    /// Across hosts.
+    Tcp(MsgWriter<tokio::net::tcp::OwnedWriteHalf>),
+}
+
+/// Both halves of a control connection over a Unix stream socket.
+pub fn control_unix(s: UnixStream) -> (ControlReader, ControlWriter) {
+    let (r, w) = FdConn::new(s).split();
+    (ControlReader::Unix(r), ControlWriter::Unix(w))
+}
+
+/// Both halves of a control connection over TCP (Nagle off: frames are small and answered).
+pub fn control_tcp(s: tokio::net::TcpStream) -> (ControlReader, ControlWriter) {
+    let _ = s.set_nodelay(true);
+    let (r, w) = s.into_split();
+    (
+        ControlReader::Tcp(MsgReader::new(r)),
+        ControlWriter::Tcp(MsgWriter::new(w)),
+    )
+}
+
+/// Takes the frames queued behind `first` into `batch`, up to [`MAX_BATCH`]; a frame that
+/// carries a descriptor ends the batch (it travels last, on its own). Clear `batch` once it is
+/// sent: a descriptor in it stays open until then.
+pub fn next_batch(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Outgoing>,
+    first: Outgoing,
+    batch: &mut Vec<Outgoing>,
+) {
+    batch.clear();
+    batch.push(first);
+    while batch.len() < MAX_BATCH && batch[batch.len() - 1].fd.is_none() {
+        match rx.try_recv() {
+            Ok(o) => batch.push(o),
+            Err(_) => break,
+        }
+    }
+}
+
+impl ControlWriter {
+    /// Sends `batch` in order: the frames without a descriptor with one write, a frame with a
+    /// descriptor (only ever the last one, see [`next_batch`]) on its own. Frames that cannot
+    /// be encoded are left out and returned; an I/O error ends the connection.
+    pub async fn send_batch(&mut self, batch: &[Outgoing]) -> Result<Vec<Unsent>> {
+        let (plain, with_fd) = match batch.last() {
+            Some(o) if o.fd.is_some() => (&batch[..batch.len() - 1], Some(o)),
+            _ => (batch, None),
+        };
+        let mut unsent = Vec::new();
+        let mut report = |m: &Message, r: Result<()>| -> Result<()> {
+            match r {
+                Err(HandoffError::Proto(error)) => {
+                    unsent.push(Unsent { id: m.id(), error });
+                    Ok(())
+                }
+                other => other,
+            }
+        };
+        if !plain.is_empty() {
+            let buf = match self {
+                ControlWriter::Unix(w) => &mut w.buf,
+                ControlWriter::Tcp(w) => &mut w.buf,
+            };
+            buf.clear();
+            // Encode one by one so that a bad frame is known by its id.
+            for o in plain {
+                let r = if o.msg.needs_fd() {
+                    Err(ProtoError::Fd("message needs a descriptor").into())
+                } else {
+                    o.msg.encode(buf).map_err(HandoffError::from)
+                };
+                report(&o.msg, r)?;
+            }
+            match self {
+                ControlWriter::Unix(w) => w.write_buf(None).await?,
+                ControlWriter::Tcp(w) => w.write_buf().await?,
+            }
+        }
+        if let Some(o) = with_fd {
+            let r = match self {
+                ControlWriter::Unix(w) => w.send(&o.msg, o.fd.as_ref().map(|f| f.as_fd())).await,
+                ControlWriter::Tcp(w) => w.send(&o.msg).await,
+            };
+            report(&o.msg, r)?;
+        }
+        Ok(unsent)
+    }
 }

@@ -45,7 +45,7 @@ use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
-use switchyard_handoff::fdpass::{FdConn, FdReceiver, FdSender, MsgReader, MsgWriter};
+use switchyard_handoff::fdpass::{self, next_batch, ControlReader, ControlWriter, Outgoing};
 use switchyard_handoff::proto::{DropReason, Message, RouteAction, Transfer, MAX_PREREAD};
 use switchyard_handoff::proto::{MAX_STRING, MAX_TARGET};
 use switchyard_handoff::{repair, HandoffError};
@@ -167,29 +167,46 @@ pub(crate) fn bind_unix(path: &Path) -> std::io::Result<UnixListener> {
     UnixListener::bind(path)
 }
 
+/// A listener that control connections arrive on.
+pub(crate) trait ControlListener: Send + Sync + 'static {
+    /// The next control connection and a name for its peer.
+    fn next(
+        &self,
+    ) -> impl std::future::Future<Output = std::io::Result<(ControlReader, ControlWriter, String)>> + Send;
+}
+
+impl ControlListener for UnixListener {
+    async fn next(&self) -> std::io::Result<(ControlReader, ControlWriter, String)> {
+        let (s, _) = self.accept().await?;
+        let (r, w) = fdpass::control_unix(s);
+        Ok((r, w, "unix".to_owned()))
+    }
+}
+
+impl ControlListener for TcpListener {
+    async fn next(&self) -> std::io::Result<(ControlReader, ControlWriter, String)> {
+        let (s, peer) = self.accept().await?;
+        let (r, w) = fdpass::control_tcp(s);
+        Ok((r, w, peer.to_string()))
+    }
+}
+
 /// Accept control connections until `done`.
-pub(crate) fn spawn_unix(
+pub(crate) fn spawn_listener<L: ControlListener>(
     rx: Arc<Receiver>,
-    listener: UnixListener,
+    listener: L,
     done: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut stop = done.clone();
         loop {
             let accepted = tokio::select! {
-                a = listener.accept() => a,
+                a = listener.next() => a,
                 _ = stop.wait_for(|d| *d) => return,
             };
             match accepted {
-                Ok((s, _)) => {
-                    let (r, w) = FdConn::new(s).split();
-                    tokio::spawn(control(
-                        rx.clone(),
-                        CtlReader::Unix(r),
-                        CtlWriter::Unix(w),
-                        "unix".to_owned(),
-                        done.clone(),
-                    ));
+                Ok((r, w, peer)) => {
+                    tokio::spawn(control(rx.clone(), r, w, peer, done.clone()));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "handoff control accept failed");
@@ -198,96 +215,6 @@ pub(crate) fn spawn_unix(
             }
         }
     })
-}
-
-/// Accept TCP control connections until `done`.
-pub(crate) fn spawn_tcp(
-    rx: Arc<Receiver>,
-    listener: TcpListener,
-    done: watch::Receiver<bool>,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut stop = done.clone();
-        loop {
-            let accepted = tokio::select! {
-                a = listener.accept() => a,
-                _ = stop.wait_for(|d| *d) => return,
-            };
-            match accepted {
-                Ok((s, peer)) => {
-                    let _ = s.set_nodelay(true);
-                    let (r, w) = s.into_split();
-                    tokio::spawn(control(
-                        rx.clone(),
-                        CtlReader::Tcp(MsgReader::new(r)),
-                        CtlWriter::Tcp(MsgWriter::new(w)),
-                        peer.to_string(),
-                        done.clone(),
-                    ));
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "handoff control accept failed");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            }
-        }
-    })
-}
-
-/// Receiving side of a control connection.
-enum CtlReader {
-    Unix(FdReceiver),
-    Tcp(MsgReader<tokio::net::tcp::OwnedReadHalf>),
-}
-
-impl CtlReader {
-    async fn recv(&mut self) -> Result<Option<(Message, Option<OwnedFd>)>, HandoffError> {
-        match self {
-            CtlReader::Unix(r) => r.recv().await,
-            CtlReader::Tcp(r) => Ok(r.recv().await?.map(|m| (m, None))),
-        }
-    }
-}
-
-/// Sending side of a control connection.
-enum CtlWriter {
-    Unix(FdSender),
-    Tcp(MsgWriter<tokio::net::tcp::OwnedWriteHalf>),
-}
-
-/// Most frames written with one system call.
-const MAX_BATCH: usize = 64;
-
-impl CtlWriter {
-    /// Send `batch` in order: the frames without a descriptor with one write, a frame with a
-    /// descriptor (only ever the last one) on its own. A frame that cannot be encoded is an
-    /// error for its own write only.
-    async fn send_batch(&mut self, batch: &[Outgoing]) -> Result<(), HandoffError> {
-        let (plain, with_fd) = match batch.last() {
-            Some(o) if o.fd.is_some() => (&batch[..batch.len() - 1], Some(o)),
-            _ => (batch, None),
-        };
-        if !plain.is_empty() {
-            let msgs = plain.iter().map(|o| &o.msg);
-            match self {
-                CtlWriter::Unix(w) => w.send_many(msgs).await?,
-                CtlWriter::Tcp(w) => w.send_many(msgs).await?,
-            }
-        }
-        if let Some(out) = with_fd {
-            match self {
-                CtlWriter::Unix(w) => w.send(&out.msg, out.fd.as_ref().map(|f| f.as_fd())).await?,
-                CtlWriter::Tcp(w) => w.send(&out.msg).await?,
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A message for the switch, with the descriptor it carries.
-struct Outgoing {
-    msg: Message,
-    fd: Option<OwnedFd>,
 }
 
 /// One control connection, as seen by the connections it handed in.
@@ -299,7 +226,7 @@ pub(crate) struct Control {
 
 impl Control {
     fn send(&self, msg: Message) -> bool {
-        self.tx.send(Outgoing { msg, fd: None }).is_ok()
+        self.tx.send(Outgoing::plain(msg)).is_ok()
     }
 
     fn is_open(&self) -> bool {
@@ -327,8 +254,8 @@ impl Drop for Gauge<'_> {
 /// malformed, or the node has shut down (`done`).
 async fn control(
     rx: Arc<Receiver>,
-    mut reader: CtlReader,
-    mut writer: CtlWriter,
+    mut reader: ControlReader,
+    mut writer: ControlWriter,
     peer: String,
     mut done: watch::Receiver<bool>,
 ) {
@@ -348,6 +275,7 @@ async fn control(
     let (close, mut closing) = watch::channel(false);
     tokio::spawn(async move {
         let mut close_gone = false;
+        let mut batch = Vec::new();
         loop {
             let out = tokio::select! {
                 biased;
@@ -364,17 +292,15 @@ async fn control(
             let Some(out) = out else { return };
             // Frames queued meanwhile (Accepted, Served, Closed of busy connections) go
             // with the same system call; a frame with a descriptor goes on its own.
-            let mut batch = vec![out];
-            while batch.len() < MAX_BATCH && batch[batch.len() - 1].fd.is_none() {
-                match out_rx.try_recv() {
-                    Ok(o) => batch.push(o),
-                    Err(_) => break,
-                }
-            }
-            match writer.send_batch(&batch).await {
-                Ok(()) => {}
-                Err(HandoffError::Proto(e)) => {
-                    tracing::warn!(peer = %writer_peer, error = %e, frames = batch.len(), "control message not encodable; dropped");
+            next_batch(&mut out_rx, out, &mut batch);
+            let sent = writer.send_batch(&batch).await;
+            // A handed-back descriptor must not stay open here once sent.
+            batch.clear();
+            match sent {
+                Ok(unsent) => {
+                    for u in unsent {
+                        tracing::warn!(peer = %writer_peer, error = %u.error, id = ?u.id, "control message not encodable; dropped");
+                    }
                 }
                 Err(e) => {
                     tracing::info!(peer = %writer_peer, error = %e, "control connection lost");

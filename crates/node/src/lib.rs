@@ -354,14 +354,18 @@ async fn start_handoff(
             source,
         })?;
         out.unix_path = Some(path.clone());
-        out.tasks
-            .push(handoff::spawn_unix(receiver.clone(), l, done_rx.clone()));
+        out.tasks.push(handoff::spawn_listener(
+            receiver.clone(),
+            l,
+            done_rx.clone(),
+        ));
     }
     if let Some(a) = cfg.handoff_listen {
         let bind = |source| NodeError::Bind { addr: a, source };
         let l = TcpListener::bind(a).await.map_err(bind)?;
         out.tcp_addr = Some(l.local_addr().map_err(bind)?);
-        out.tasks.push(handoff::spawn_tcp(receiver, l, done_rx));
+        out.tasks
+            .push(handoff::spawn_listener(receiver, l, done_rx));
     }
     Ok(out)
 }

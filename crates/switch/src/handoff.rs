@@ -33,12 +33,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use switchyard_handoff::fdpass::{FdConn, MsgReader, MsgWriter};
+use switchyard_handoff::fdpass::{self, next_batch, ControlReader, ControlWriter, Outgoing};
 use switchyard_handoff::metrics::HandoffMetrics;
 use switchyard_handoff::proto::{DropReason, Message, RouteAction, Transfer, MAX_PREREAD};
 use switchyard_handoff::repair;
 use switchyard_handoff::steer::{self, Flow, Steering, Target};
-use switchyard_handoff::HandoffError;
 use switchyard_http::request::{self, ParseOutcome};
 use switchyard_policy::{ConnId, Decision, NodeId, Outcome, PolicyKind, Request as PolicyRequest};
 use tokio::net::TcpStream;
@@ -101,12 +100,6 @@ enum Reply {
     Dropped(DropReason, String),
 }
 
-/// A frame on its way to a node, with the descriptor that must travel with it.
-struct Outgoing {
-    msg: Message,
-    fd: Option<OwnedFd>,
-}
-
 /// The switch's end of one node's control connection.
 #[derive(Debug)]
 pub(crate) struct Control {
@@ -114,14 +107,6 @@ pub(crate) struct Control {
     tx: Mutex<Option<mpsc::UnboundedSender<Outgoing>>>,
     /// Where steered packets go (nodes on another host), found once connected.
     target: Mutex<Option<Target>>,
-}
-
-impl std::fmt::Debug for Outgoing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Outgoing")
-            .field("msg", &self.msg.id())
-            .finish()
-    }
 }
 
 impl Control {
@@ -590,19 +575,10 @@ pub(crate) async fn run_control(shared: Arc<Shared>, b: Arc<Backend>) {
     }
 }
 
-enum Io {
-    Unix(tokio::net::UnixStream),
-    Tcp(TcpStream),
-}
-
-async fn connect(addr: &ControlAddr) -> std::io::Result<Io> {
+async fn connect(addr: &ControlAddr) -> std::io::Result<(ControlReader, ControlWriter)> {
     Ok(match addr {
-        ControlAddr::Unix(p) => Io::Unix(tokio::net::UnixStream::connect(p).await?),
-        ControlAddr::Tcp(a) => {
-            let s = TcpStream::connect(a).await?;
-            s.set_nodelay(true)?;
-            Io::Tcp(s)
-        }
+        ControlAddr::Unix(p) => fdpass::control_unix(tokio::net::UnixStream::connect(p).await?),
+        ControlAddr::Tcp(a) => fdpass::control_tcp(TcpStream::connect(a).await?),
     })
 }
 
@@ -611,143 +587,58 @@ async fn session(
     shared: &Arc<Shared>,
     b: &Arc<Backend>,
     ctl: &Arc<Control>,
-    io: Io,
+    (mut reader, mut writer): (ControlReader, ControlWriter),
 ) -> Result<(), String> {
     let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
-    let hello = Outgoing {
-        msg: Message::Hello {
-            name: "switch".into(),
-        },
-        fd: None,
+    let _ = tx.send(Outgoing::plain(Message::Hello {
+        name: "switch".into(),
+    }));
+    let write = async {
+        let mut batch = Vec::new();
+        while let Some(o) = rx.recv().await {
+            next_batch(&mut rx, o, &mut batch);
+            let sent = writer.send_batch(&batch).await;
+            // Drop what was sent now: a passed descriptor must not keep the switch's copy of
+            // the client socket open.
+            let ids: Vec<Option<u64>> = match &sent {
+                Err(_) => batch.iter().map(|o| o.msg.id()).collect(),
+                Ok(_) => Vec::new(),
+            };
+            batch.clear();
+            match sent {
+                Ok(unsent) => {
+                    // A frame that cannot be encoded spoils only itself.
+                    for u in unsent {
+                        tracing::warn!(error = %u.error, id = ?u.id, "control frame not encodable");
+                        fail_pending(shared, u.id);
+                    }
+                }
+                Err(e) => {
+                    ids.into_iter().for_each(|id| fail_pending(shared, id));
+                    return Err(e.to_string());
+                }
+            }
+        }
+        Ok(())
     };
-    let _ = tx.send(hello);
-    match io {
-        Io::Unix(s) => {
-            let (mut reader, mut writer) = FdConn::new(s).split();
-            let write = async {
-                let mut batch = Vec::new();
-                while let Some(o) = rx.recv().await {
-                    let carried = if o.fd.is_some() {
-                        Some(o)
-                    } else {
-                        batch.push(o.msg);
-                        drain(&mut rx, &mut batch)
-                    };
-                    if !batch.is_empty() {
-                        let r = writer.send_many(&batch).await;
-                        if let Err(e) = r {
-                            batch.iter().for_each(|m| fail_pending(shared, m.id()));
-                            return Err(e.to_string());
-                        }
-                        batch.clear();
+    let read = async {
+        let mut hello = false;
+        loop {
+            match reader.recv().await {
+                Ok(Some((m, fd))) => {
+                    if !hello {
+                        expect_hello(&m, b, ctl, &tx)?;
+                        hello = true;
+                        continue;
                     }
-                    if let Some(o) = carried {
-                        let id = o.msg.id();
-                        let fd = o.fd.as_ref().map(|f| f.as_fd());
-                        match writer.send(&o.msg, fd).await {
-                            Ok(()) => {}
-                            // A frame that cannot be encoded spoils only itself.
-                            Err(HandoffError::Proto(e)) => {
-                                tracing::warn!(error = %e, "control frame not encodable");
-                                fail_pending(shared, id);
-                            }
-                            Err(e) => {
-                                fail_pending(shared, id);
-                                return Err(e.to_string());
-                            }
-                        }
-                    }
+                    on_message(shared, b, m, fd)
                 }
-                Ok(())
-            };
-            let read = async {
-                let mut hello = false;
-                loop {
-                    match reader.recv().await {
-                        Ok(Some((m, fd))) => {
-                            if !hello {
-                                expect_hello(&m, b, ctl, &tx)?;
-                                hello = true;
-                                continue;
-                            }
-                            on_message(shared, b, m, fd)
-                        }
-                        Ok(None) => return Err("node closed the control connection".to_string()),
-                        Err(e) => return Err(e.to_string()),
-                    }
-                }
-            };
-            tokio::select! { r = write => r, r = read => r }
+                Ok(None) => return Err("node closed the control connection".to_string()),
+                Err(e) => return Err(e.to_string()),
+            }
         }
-        Io::Tcp(s) => {
-            let peer_ip = s.peer_addr().map(|a| a.ip()).ok();
-            let (r, w) = s.into_split();
-            let mut reader = MsgReader::new(r);
-            let mut writer = MsgWriter::new(w);
-            let write = async {
-                let mut batch = Vec::new();
-                while let Some(o) = rx.recv().await {
-                    batch.push(o.msg);
-                    // Nothing carries a descriptor over TCP: everything queued goes at once.
-                    while batch.len() < MAX_BATCH {
-                        match rx.try_recv() {
-                            Ok(o) => batch.push(o.msg),
-                            Err(_) => break,
-                        }
-                    }
-                    if let Err(e) = writer.send_many(&batch).await {
-                        batch.iter().for_each(|m| fail_pending(shared, m.id()));
-                        return Err(e.to_string());
-                    }
-                    batch.clear();
-                }
-                Ok(())
-            };
-            let read = async {
-                let mut hello = false;
-                loop {
-                    match reader.recv().await {
-                        Ok(Some(m)) => {
-                            if !hello {
-                                // The node answered over this connection, so its MAC address
-                                // is in the neighbour table now.
-                                if let Some(std::net::IpAddr::V4(ip)) = peer_ip {
-                                    match steer::neighbour_mac(ip) {
-                                        Some(mac) => *ctl.target.lock() = Some(Target { ip, mac }),
-                                        None => tracing::warn!(node = %b.addr, %ip,
-                                            "node's MAC address unknown: its connections will be relayed"),
-                                    }
-                                }
-                                expect_hello(&m, b, ctl, &tx)?;
-                                hello = true;
-                                continue;
-                            }
-                            on_message(shared, b, m, None)
-                        }
-                        Ok(None) => return Err("node closed the control connection".to_string()),
-                        Err(e) => return Err(e.to_string()),
-                    }
-                }
-            };
-            tokio::select! { r = write => r, r = read => r }
-        }
-    }
-}
-
-/// Most frames written with one system call.
-const MAX_BATCH: usize = 64;
-
-/// Move what else is queued into `batch` (frames without a descriptor) and return the first
-/// frame that carries one, which must go on its own.
-fn drain(rx: &mut mpsc::UnboundedReceiver<Outgoing>, batch: &mut Vec<Message>) -> Option<Outgoing> {
-    while batch.len() < MAX_BATCH {
-        match rx.try_recv() {
-            Ok(o) if o.fd.is_some() => return Some(o),
-            Ok(o) => batch.push(o.msg),
-            Err(_) => break,
-        }
-    }
-    None
+    };
+    tokio::select! { r = write => r, r = read => r }
 }
 
 fn expect_hello(
@@ -758,6 +649,17 @@ fn expect_hello(
 ) -> Result<(), String> {
     match m {
         Message::Hello { name } => {
+            if let ControlAddr::Tcp(a) = &ctl.addr {
+                // The node answered over this connection, so its MAC address is in the
+                // neighbour table now.
+                if let std::net::IpAddr::V4(ip) = a.ip() {
+                    match steer::neighbour_mac(ip) {
+                        Some(mac) => *ctl.target.lock() = Some(Target { ip, mac }),
+                        None => tracing::warn!(node = %b.addr, %ip,
+                            "node's MAC address unknown: its connections will be relayed"),
+                    }
+                }
+            }
             tracing::info!(node = %b.addr, control = %ctl.addr, name = %name, "control connection up");
             *ctl.tx.lock() = Some(tx.clone());
             Ok(())
@@ -958,11 +860,7 @@ fn on_message(shared: &Arc<Shared>, b: &Arc<Backend>, m: Message, fd: Option<Own
                     cache_misses: l.cache_misses,
                     bytes_out: l.bytes_out,
                 };
-                *b.last_report.lock() = Some(report);
-                g.policy
-                    .lock()
-                    .load_report(NodeId(i as u32), &report, shared.now());
-                shared.metrics.reports.fetch_add(1, Relaxed);
+                crate::report::take(shared, &g, i, report);
             }
         }
         Message::Ping { nonce } => {

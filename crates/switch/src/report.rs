@@ -10,7 +10,7 @@ use switchyard_policy::{LoadReport, NodeId};
 use tokio::net::UdpSocket;
 use tokio::sync::watch;
 
-use crate::Shared;
+use crate::{Generation, Shared};
 
 /// Receive reports until the switch stops.
 pub(crate) async fn receive(shared: Arc<Shared>, sock: UdpSocket, mut stop: watch::Receiver<bool>) {
@@ -60,6 +60,12 @@ pub(crate) fn apply(shared: &Shared, r: &Report, from: SocketAddr) {
         cache_misses: r.cache_misses,
         bytes_out: r.bytes_out,
     };
+    take(shared, &g, i, report);
+}
+
+/// Give node `i`'s load report to the policy (from a datagram or the node's control
+/// connection).
+pub(crate) fn take(shared: &Shared, g: &Generation, i: usize, report: LoadReport) {
     *g.nodes[i].last_report.lock() = Some(report);
     g.policy
         .lock()
