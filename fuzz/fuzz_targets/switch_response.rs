@@ -7,7 +7,17 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use switchyard_switch::response::{client_response_head, forward_request_head, parse, BodyLength};
+use switchyard_switch::response::{
+    client_response_head, forward_request_head, parse, BodyLength, ResponseError, MAX_HEADERS,
+};
+
+/// Header lines of a head (the lines between the status line and the blank line).
+fn header_count(head: &[u8]) -> usize {
+    head.split(|&b| b == b'\n')
+        .skip(1)
+        .filter(|l| !l.is_empty() && *l != b"\r")
+        .count()
+}
 
 fuzz_target!(|data: &[u8]| {
     let Some((&ctl, data)) = data.split_first() else {
@@ -28,9 +38,14 @@ fuzz_target!(|data: &[u8]| {
             }
             let mut out = Vec::new();
             client_response_head(&data[..m.head_len], m.keep_alive, false, &mut out);
-            let again = parse(&out, head_request, usize::MAX)
-                .expect("rewritten head is valid")
-                .expect("rewritten head is complete");
+            let again = match parse(&out, head_request, usize::MAX) {
+                Ok(again) => again.expect("rewritten head is complete"),
+                // The rewrite may add one header (`Connection: close`): a node head already at
+                // the header limit then goes to the client with one header more than this
+                // parser takes from a node. Nothing else may make it invalid.
+                Err(ResponseError::TooLarge) if header_count(&out) == MAX_HEADERS + 1 => return,
+                Err(e) => panic!("rewritten head is invalid: {e:?}"),
+            };
             assert_eq!(again.status, m.status);
             assert_eq!(again.head_len, out.len());
             if m.body != BodyLength::UntilClose {
