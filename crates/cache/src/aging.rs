@@ -247,8 +247,9 @@ impl<K: Hash + Eq> AgingCore<K> {
 ///
 /// Every `interval`, all counts are multiplied by `factor`, as in the hot
 /// object replication of seed 000 §3.2.1, so that keys which were popular
-/// once but are no longer referenced cool down. A node uses it to decide
-/// which of the objects it owns are hot enough to replicate to its peers.
+/// once but are no longer referenced cool down: the count by which a node
+/// can decide which of the objects it owns are hot enough to replicate to
+/// its peers.
 ///
 /// At most `max_keys` keys are tracked; recording a new key when full first
 /// forgets the coldest one (lowest count, least recently referenced among

@@ -8,9 +8,12 @@
 //! simulator and tests. Every operation is O(1) or O(log n) in the number of
 //! stored objects; periodic aging is O(1) amortized.
 //!
-//! A node uses [`Cache`] twice: as its main object cache and as the
-//! separately bounded hot-object cache that holds replicas received from
-//! peers (seed 000 §3.2, LFU with aging).
+//! The node uses [`Cache`] for its object cache. The pieces that seed 000
+//! §3.2's hot-object replication needs are here as well, tested on their
+//! own: LFU with aging for a separately bounded replica cache,
+//! [`Cache::add_references`] for counts that grow by the number of replicas,
+//! and [`AgingCounter`] for spotting hot owned objects. No server replicates
+//! objects yet.
 //!
 //! # Policies
 //!

@@ -91,8 +91,11 @@ pub fn findings(preset: Preset, runs: &[RunResult], crossover: Option<&Crossover
     let apache = preset == Preset::Apache;
     let mut out = Vec::new();
 
-    // 1. LARD versus WRR at the largest cluster.
-    if let Some(&n) = nodes.last() {
+    // 1. LARD versus WRR at the largest cluster. The claim is about growth ("as nodes are
+    // added"): with fewer than 4 nodes the aggregate cache is not yet much larger than one
+    // node's, so the sweep cannot test it and the finding is left out rather than reported
+    // as holding.
+    if let Some(&n) = nodes.last().filter(|&&n| n >= 4) {
         if let (Some(l), Some(w)) = (tp(SIMPLE_LARD, n), tp(WRR, n)) {
             let ratio = l / w;
             out.push(Finding {
@@ -102,7 +105,7 @@ pub fn findings(preset: Preset, runs: &[RunResult], crossover: Option<&Crossover
                 paper: "large margin in simulation; 4× on the prototype (§8.2)".into(),
                 measured: format!("{ratio:.2}× at {n} nodes"),
                 value: ratio,
-                holds: n < 4 || ratio >= 2.0,
+                holds: ratio >= 2.0,
             });
         }
     }

@@ -110,12 +110,13 @@ fn seed_003_findings_hold_on_a_scaled_trace() {
 }
 
 /// Back-end forwarding with extended LARD near the ideal and near multiple handoff, and extended
-/// LARD well above simple LARD on HTTP/1.1. With the current `ext-lard` of `switchyard-policy` the
-/// forwarding series collapses: a target that no node caches is read by the handling node without
-/// being cached whenever its disk queue is at 5 or more, so objects only ever requested inside
-/// persistent connections are never cached; and the 1/N charges take N from the previous batch,
-/// which is the single first request, so forwarded requests pin the nodes' loads at
-/// `L_overload`. `bench/sim/ext-lard-fix.diff` has a change that makes this test pass.
+/// LARD well above simple LARD on HTTP/1.1. This holds because `ext-lard` in `switchyard-policy`
+/// caches a target that no node has cached yet at the handling node (reading it there without
+/// caching it, as a literal reading of seed 003 §4.2 suggests, means objects only ever requested
+/// inside persistent connections are never cached and the forwarding series collapses) and
+/// takes the N of the 1/N charges as the larger of the previous batch's size and the current
+/// batch's so far (the previous batch alone is the single first request, which pins forwarded
+/// nodes at `L_overload`).
 #[test]
 fn extended_lard_with_forwarding_is_near_the_ideal() {
     let r = runs(
