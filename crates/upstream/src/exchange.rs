@@ -1,0 +1,250 @@
+//! One request sent to a peer and the final response head read back.
+
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::time::timeout_at;
+
+use switchyard_http::upstream::{self, ResponseMeta};
+
+use crate::{Connection, Deadline, Error};
+
+/// A request to send.
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'a> {
+    /// The request as it goes on the wire: head and body.
+    pub bytes: &'a [u8],
+    /// The request is `HEAD`: no body follows the response head whatever it says.
+    pub head_request: bool,
+    /// Largest response head accepted.
+    pub max_head: usize,
+}
+
+/// The final response head; the body bytes read with it stay in the connection.
+#[derive(Debug)]
+pub struct Response {
+    /// The parsed head.
+    pub meta: ResponseMeta,
+    /// The head as received (`meta.head_len` bytes).
+    pub head: BytesMut,
+}
+
+/// A failed exchange.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct Failed {
+    /// What failed.
+    #[source]
+    pub error: Error,
+    /// The request went out on a reused connection and not a byte came back (the peer closed
+    /// the idle connection just as it was taken): it may be sent again on a new connection.
+    pub retryable: bool,
+}
+
+/// Send `req` on `conn` and read the final response head.
+///
+/// Interim (1xx) responses are skipped; with `interim` set to a client's socket and a time
+/// limit, each is also passed on to it, rewritten for the client (a failed write ends the
+/// exchange with [`Error::Client`]).
+pub async fn exchange(
+    conn: &mut Connection,
+    req: Request<'_>,
+    deadline: Deadline,
+    interim: Option<(&TcpStream, Duration)>,
+) -> Result<Response, Failed> {
+    let reused = conn.reused;
+    let mut received = false;
+    let fail = |error: Error, received: bool| Failed {
+        retryable: reused
+            && !received
+            && matches!(error, Error::Send(_) | Error::Read(_) | Error::Closed),
+        error,
+    };
+    match timeout_at(deadline.next(), conn.stream.write_all(req.bytes)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(fail(Error::Send(e), false)),
+        Err(_) => {
+            return Err(fail(
+                Error::Send(std::io::ErrorKind::TimedOut.into()),
+                false,
+            ))
+        }
+    }
+    let until = deadline.next();
+    let mut out = Vec::new();
+    loop {
+        if !conn.buf.is_empty() {
+            match upstream::parse(&conn.buf, req.head_request, req.max_head) {
+                Ok(Some(meta)) if meta.is_interim() => {
+                    if let Some((client, wait)) = interim {
+                        out.clear();
+                        upstream::client_response_head(
+                            &conn.buf[..meta.head_len],
+                            true,
+                            false,
+                            &mut out,
+                        );
+                        if let Err(e) = crate::splice::write_all(client, &out, wait).await {
+                            return Err(fail(Error::Client(e), true));
+                        }
+                    }
+                    conn.buf.advance(meta.head_len);
+                    continue;
+                }
+                Ok(Some(meta)) => {
+                    let head = conn.buf.split_to(meta.head_len);
+                    return Ok(Response { meta, head });
+                }
+                Ok(None) => {}
+                Err(e) => return Err(fail(e.into(), true)),
+            }
+        }
+        match conn.read_more(until).await {
+            Ok(0) => return Err(fail(Error::Closed, received)),
+            Ok(_) => received = true,
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                return Err(fail(Error::TimedOut, received))
+            }
+            Err(e) => return Err(fail(Error::Read(e), received)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::pair;
+    use crate::Pool;
+    use tokio::io::AsyncReadExt;
+    use tokio::net::TcpListener;
+
+    const REQ: Request<'static> = Request {
+        bytes: b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        head_request: false,
+        max_head: 32 * 1024,
+    };
+    const WAIT: Deadline = Deadline::Each(Duration::from_secs(5));
+
+    /// Read a request head (up to its blank line) from `s`.
+    async fn read_request(s: &mut TcpStream) {
+        let mut got = Vec::new();
+        while !got.ends_with(b"\r\n\r\n") {
+            let mut b = [0u8; 256];
+            let n = s.read(&mut b).await.unwrap();
+            assert!(n > 0, "request cut short");
+            got.extend_from_slice(&b[..n]);
+        }
+    }
+
+    /// Interim responses are skipped, or passed on to the client when asked; the body read
+    /// with the head stays in the connection.
+    #[tokio::test]
+    async fn interim_responses_are_skipped() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            for _ in 0..2 {
+                read_request(&mut s).await;
+                s.write_all(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    .await
+                    .unwrap();
+            }
+        });
+        let mut c = crate::connect(addr, Duration::from_secs(5)).await.unwrap();
+        let r = exchange(&mut c, REQ, WAIT, None).await.unwrap();
+        assert_eq!(r.meta.status, 200);
+        assert!(r.head.starts_with(b"HTTP/1.1 200 OK\r\n"));
+        assert_eq!(r.head.len(), r.meta.head_len);
+        assert_eq!(c.buffered(), b"ok");
+        c.buf.clear();
+        let (client_w, mut client_r) = pair().await;
+        let r = exchange(&mut c, REQ, WAIT, Some((&client_w, Duration::from_secs(5))))
+            .await
+            .unwrap();
+        assert_eq!(r.meta.status, 200);
+        drop(client_w);
+        let mut relayed = String::new();
+        client_r.read_to_string(&mut relayed).await.unwrap();
+        assert!(
+            relayed.starts_with("HTTP/1.1 100 Continue\r\n"),
+            "{relayed}"
+        );
+        assert!(
+            relayed.contains("HTTP/1.1 103 Early Hints\r\n"),
+            "{relayed}"
+        );
+        assert!(relayed.contains("Link: </a>\r\n"), "{relayed}");
+        assert!(!relayed.contains("200"), "{relayed}");
+        server.await.unwrap();
+    }
+
+    /// A reused connection that closes before any response byte may be retried; a new one, or
+    /// one that sent part of a head, may not.
+    #[tokio::test]
+    async fn retry_is_marked_only_for_reused_silent_connections() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let pool = Pool::new(8, 8);
+        // The peer answers nothing: it closes once the request arrived (so the pool's check
+        // of the idle connection passes).
+        for (reuse, partial) in [(true, false), (false, false), (true, true)] {
+            let mut c = crate::connect(addr, Duration::from_secs(5)).await.unwrap();
+            let (mut peer, _) = l.accept().await.unwrap();
+            if reuse {
+                assert!(pool.put(c));
+                c = pool.take(addr).unwrap();
+            }
+            let closer = tokio::spawn(async move {
+                read_request(&mut peer).await;
+                if partial {
+                    peer.write_all(b"HTTP/1.1 200").await.unwrap();
+                }
+            });
+            let f = exchange(&mut c, REQ, WAIT, None).await.unwrap_err();
+            assert!(matches!(f.error, Error::Closed), "{f:?}");
+            assert_eq!(
+                f.retryable,
+                reuse && !partial,
+                "reuse {reuse} partial {partial}"
+            );
+            closer.await.unwrap();
+        }
+    }
+
+    /// A refused head and a timeout are never retryable.
+    #[tokio::test]
+    async fn bad_heads_and_timeouts_are_not_retryable() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let pool = Pool::new(8, 8);
+        let c = crate::connect(addr, Duration::from_secs(5)).await.unwrap();
+        let (_silent, _) = l.accept().await.unwrap();
+        assert!(pool.put(c));
+        let mut c = pool.take(addr).unwrap();
+        // A deadline that has passed: the request still goes out (the write completes at
+        // once), the silent peer's head cannot come.
+        let f = exchange(&mut c, REQ, Deadline::At(tokio::time::Instant::now()), None)
+            .await
+            .unwrap_err();
+        assert!(matches!(f.error, Error::TimedOut), "{f:?}");
+        assert!(!f.retryable);
+        let c = crate::connect(addr, Duration::from_secs(5)).await.unwrap();
+        let (mut peer, _) = l.accept().await.unwrap();
+        assert!(pool.put(c));
+        let mut c = pool.take(addr).unwrap();
+        let t = tokio::spawn(async move {
+            read_request(&mut peer).await;
+            peer.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n")
+                .await
+                .unwrap();
+            peer
+        });
+        let f = exchange(&mut c, REQ, WAIT, None).await.unwrap_err();
+        assert!(matches!(f.error, Error::Response(_)), "{f:?}");
+        assert!(!f.retryable);
+        drop(t.await.unwrap());
+    }
+}

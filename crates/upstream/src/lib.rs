@@ -1,0 +1,186 @@
+//! The HTTP/1.1 client switchyard processes use to reach each other: the switch relaying a
+//! client's request to a node, and a node fetching a response from another node (back-end
+//! forwarding).
+//!
+//! Three parts, used in this order for one request:
+//!
+//! * [`pool`]: persistent connections to peers, kept idle per worker thread and per peer (a
+//!   tokio socket belongs to the runtime that opened it), checked for a close by the peer before
+//!   reuse; new ones are opened with a time limit and with `TCP_NODELAY`.
+//! * [`exchange()`]: send a request and read the final response head with the strict parser of
+//!   [`switchyard_http::upstream`], skipping (or passing on) interim 1xx responses. A failure
+//!   says whether the request may be sent again on a new connection: it went out on a reused
+//!   connection and not a byte came back.
+//! * [`relay`]: move the response body to the client by `Content-Length`, chunked coding
+//!   (checked with [`switchyard_http::chunked`]) or until the peer closes, by splice(2) for
+//!   large remainders ([`splice`]), and tell whether the connection can go back to the pool.
+//!
+//! The crate counts nothing itself: it returns the facts (connection reused, bytes relayed,
+//! bytes spliced, which side failed) and the caller keeps its own metrics.
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use thiserror::Error;
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+use tokio::time::{timeout, timeout_at, Instant};
+
+pub mod exchange;
+pub mod pool;
+pub mod relay;
+pub mod splice;
+
+pub use exchange::{exchange, Failed, Request, Response};
+pub use pool::Pool;
+pub use relay::{relay_body, Client, Direct, RelayFailed, RelayOptions, Relayed};
+
+/// Bytes asked for per read from a peer.
+const READ_SIZE: usize = 16 * 1024;
+
+/// What went wrong talking to a peer or relaying its response.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// The peer could not be reached (a timeout has kind `TimedOut`).
+    #[error("connect to {addr}: {source}")]
+    Connect {
+        /// The peer.
+        addr: SocketAddr,
+        /// What failed.
+        source: io::Error,
+    },
+    /// The request could not be written (a timeout has kind `TimedOut`).
+    #[error("sending the request: {0}")]
+    Send(io::Error),
+    /// The peer closed the connection before a complete response head.
+    #[error("peer closed the connection before a complete response head")]
+    Closed,
+    /// Reading from the peer failed.
+    #[error("reading from the peer: {0}")]
+    Read(io::Error),
+    /// The peer did not send in time.
+    #[error("peer timed out")]
+    TimedOut,
+    /// The peer's response head was refused.
+    #[error("peer response: {0}")]
+    Response(#[from] switchyard_http::upstream::ResponseError),
+    /// The peer's chunked body was malformed.
+    #[error("peer chunked body: {0}")]
+    Chunked(#[from] switchyard_http::chunked::ChunkedError),
+    /// The peer closed the connection within the body.
+    #[error("peer closed the connection within the body")]
+    Truncated,
+    /// Writing to the client failed (a timeout has kind `TimedOut`).
+    #[error("writing to the client: {0}")]
+    Client(io::Error),
+}
+
+impl Error {
+    /// Whether the client's side failed rather than the peer's.
+    pub fn is_client(&self) -> bool {
+        matches!(self, Error::Client(_))
+    }
+}
+
+/// How long waits for a peer may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deadline {
+    /// Everything is done by this instant.
+    At(Instant),
+    /// Each step may take this long: sending the request, receiving the whole response head,
+    /// each read of the body.
+    Each(Duration),
+}
+
+impl Deadline {
+    /// The deadline of a step starting now.
+    pub fn next(&self) -> Instant {
+        match *self {
+            Deadline::At(t) => t,
+            Deadline::Each(d) => Instant::now() + d,
+        }
+    }
+}
+
+/// A connection to a peer, with bytes read from it and not yet used.
+#[derive(Debug)]
+pub struct Connection {
+    stream: TcpStream,
+    peer: SocketAddr,
+    reused: bool,
+    buf: BytesMut,
+}
+
+impl Connection {
+    fn new(stream: TcpStream, peer: SocketAddr, reused: bool) -> Self {
+        Connection {
+            stream,
+            peer,
+            reused,
+            buf: BytesMut::new(),
+        }
+    }
+
+    /// The peer's address.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// Whether the connection came from the pool (it carried an earlier exchange).
+    pub fn reused(&self) -> bool {
+        self.reused
+    }
+
+    /// The socket.
+    pub fn stream(&self) -> &TcpStream {
+        &self.stream
+    }
+
+    /// Bytes read from the peer and not yet used.
+    pub fn buffered(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// Read more into the buffer, waiting until `until`; 0 at the peer's close.
+    async fn read_more(&mut self, until: Instant) -> io::Result<usize> {
+        if self.buf.capacity() - self.buf.len() < 4096 {
+            self.buf.reserve(READ_SIZE);
+        }
+        match timeout_at(until, self.stream.read_buf(&mut self.buf)).await {
+            Ok(r) => r,
+            Err(_) => Err(io::ErrorKind::TimedOut.into()),
+        }
+    }
+}
+
+/// Open a new connection to `addr`, waiting at most `limit`, with `TCP_NODELAY` set (requests go
+/// out in one write; Nagle must not hold the next one back).
+pub async fn connect(addr: SocketAddr, limit: Duration) -> Result<Connection, Error> {
+    let stream = match timeout(limit, TcpStream::connect(addr)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(source)) => return Err(Error::Connect { addr, source }),
+        Err(_) => {
+            return Err(Error::Connect {
+                addr,
+                source: io::ErrorKind::TimedOut.into(),
+            })
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    Ok(Connection::new(stream, addr, false))
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    use tokio::net::{TcpListener, TcpStream};
+
+    /// A connected pair over loopback: (connecting side, accepted side).
+    pub async fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (b, _) = l.accept().await.unwrap();
+        (a, b)
+    }
+}

@@ -1,0 +1,302 @@
+//! Idle persistent connections to peers, kept per thread and per peer.
+//!
+//! A tokio socket is registered with the reactor of the runtime that opened it, so a pooled
+//! connection is handed out only on the thread that returned it: each thread has its own list
+//! per pool and peer, found through a thread-local map without any lock shared with other
+//! threads. The pool also keeps a registry of these lists, so that [`Pool::clear`] closes every
+//! idle connection from any thread (a peer went down or left the configuration) and
+//! [`Pool::idle`] counts them all. A thread's lists close with the thread.
+//!
+//! An idle connection the peer has meanwhile closed (or that carries stray bytes) has its read
+//! readiness set; such connections are checked with a non-blocking read when they are taken
+//! and dropped. This costs no system call for a connection with nothing pending. A close that
+//! the runtime has not yet seen is caught by [`crate::exchange()`]: the failure of a reused
+//! connection before any response byte is marked retryable.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::net::TcpStream;
+
+use crate::{Connection, Error};
+
+static NEXT_POOL: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// This thread's idle lists, by pool and peer.
+    static LISTS: RefCell<HashMap<(u64, SocketAddr), Arc<List>>> = RefCell::new(HashMap::new());
+}
+
+/// What the lists of one pool share.
+#[derive(Debug)]
+struct Shared {
+    /// Idle connections over all threads and peers.
+    idle: AtomicUsize,
+    /// Most idle connections kept over all threads and peers.
+    max_idle: AtomicUsize,
+    /// Most idle connections kept per thread and peer.
+    max_per_list: usize,
+    /// The pool was dropped: its lists are removed from the threads' maps as they are seen.
+    closed: AtomicBool,
+    /// Every thread's lists, to clear them from anywhere.
+    lists: Mutex<Vec<Weak<List>>>,
+}
+
+/// One thread's idle connections to one peer, most recently used last.
+#[derive(Debug)]
+struct List {
+    conns: Mutex<Vec<TcpStream>>,
+    shared: Arc<Shared>,
+}
+
+impl Drop for List {
+    fn drop(&mut self) {
+        let n = self.conns.get_mut().len();
+        self.shared.idle.fetch_sub(n, Relaxed);
+    }
+}
+
+/// Idle connections to peers, per thread and per peer. See the module docs.
+#[derive(Debug)]
+pub struct Pool {
+    id: u64,
+    shared: Arc<Shared>,
+}
+
+impl Pool {
+    /// A pool keeping at most `max_idle` idle connections over all threads and peers, and at
+    /// most `max_per_thread` per thread and peer.
+    pub fn new(max_idle: usize, max_per_thread: usize) -> Self {
+        Pool {
+            id: NEXT_POOL.fetch_add(1, Relaxed),
+            shared: Arc::new(Shared {
+                idle: AtomicUsize::new(0),
+                max_idle: AtomicUsize::new(max_idle),
+                max_per_list: max_per_thread,
+                closed: AtomicBool::new(false),
+                lists: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// Change the limit over all threads and peers; connections over it are dropped as they
+    /// come back.
+    pub fn set_max_idle(&self, max_idle: usize) {
+        self.shared.max_idle.store(max_idle, Relaxed);
+    }
+
+    /// Idle connections over all threads and peers.
+    pub fn idle(&self) -> usize {
+        self.shared.idle.load(Relaxed)
+    }
+
+    /// An idle connection to `peer` opened on this thread that still looks open, if any.
+    pub fn take(&self, peer: SocketAddr) -> Option<Connection> {
+        LISTS.with(|m| {
+            let m = m.borrow();
+            let list = m.get(&(self.id, peer))?;
+            let mut conns = list.conns.lock();
+            while let Some(s) = conns.pop() {
+                self.shared.idle.fetch_sub(1, Relaxed);
+                if still_open(&s) {
+                    return Some(Connection::new(s, peer, true));
+                }
+            }
+            None
+        })
+    }
+
+    /// An idle connection to `peer` if there is one, else a new one (see [`crate::connect`]).
+    pub async fn checkout(&self, peer: SocketAddr, limit: Duration) -> Result<Connection, Error> {
+        match self.take(peer) {
+            Some(c) => Ok(c),
+            None => crate::connect(peer, limit).await,
+        }
+    }
+
+    /// Keep `conn` for reuse on this thread. Call only when its last response was read
+    /// completely; a connection holding unread bytes is dropped. Returns whether it was kept
+    /// (the limits may be reached).
+    pub fn put(&self, conn: Connection) -> bool {
+        if !conn.buf.is_empty() {
+            return false;
+        }
+        let key = (self.id, conn.peer);
+        LISTS.with(|m| {
+            let mut m = m.borrow_mut();
+            let list = match m.get(&key) {
+                Some(l) => l,
+                None => {
+                    // Forget the lists of pools that are gone.
+                    m.retain(|_, l| !l.shared.closed.load(Relaxed));
+                    let list = Arc::new(List {
+                        conns: Mutex::new(Vec::new()),
+                        shared: self.shared.clone(),
+                    });
+                    let mut all = self.shared.lists.lock();
+                    all.retain(|w| w.strong_count() > 0);
+                    all.push(Arc::downgrade(&list));
+                    drop(all);
+                    m.entry(key).or_insert(list)
+                }
+            };
+            let mut conns = list.conns.lock();
+            let sh = &self.shared;
+            if conns.len() >= sh.max_per_list || sh.idle.load(Relaxed) >= sh.max_idle.load(Relaxed)
+            {
+                return false;
+            }
+            conns.push(conn.stream);
+            sh.idle.fetch_add(1, Relaxed);
+            true
+        })
+    }
+
+    /// Close every idle connection of every thread. Dropping a socket from another thread is
+    /// allowed; it only deregisters it from its runtime.
+    pub fn clear(&self) {
+        let lists: Vec<Arc<List>> = self
+            .shared
+            .lists
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for l in lists {
+            let drained = std::mem::take(&mut *l.conns.lock());
+            self.shared.idle.fetch_sub(drained.len(), Relaxed);
+        }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.shared.closed.store(true, Relaxed);
+        self.clear();
+    }
+}
+
+/// Whether an idle connection is still usable: nothing to read and not closed.
+fn still_open(s: &TcpStream) -> bool {
+    let mut cx = Context::from_waker(Waker::noop());
+    match s.poll_read_ready(&mut cx) {
+        Poll::Pending => true,
+        Poll::Ready(Err(_)) => false,
+        Poll::Ready(Ok(())) => {
+            let mut b = [0u8; 1];
+            // WouldBlock clears the stale readiness; anything else means closed or garbage.
+            matches!(s.try_read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpListener;
+
+    const LIMIT: Duration = Duration::from_secs(5);
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// Connections the peer closed, or wrote stray bytes on, are skipped; an open one is
+    /// handed out again, marked reused.
+    #[tokio::test]
+    async fn closed_idle_connections_are_skipped() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let pool = Pool::new(8, 8);
+        let c1 = crate::connect(addr, LIMIT).await.unwrap();
+        let (mut s1, _) = l.accept().await.unwrap();
+        let c2 = crate::connect(addr, LIMIT).await.unwrap();
+        let (s2, _) = l.accept().await.unwrap();
+        assert!(!c1.reused());
+        // The peer writes garbage on the first and closes the second; the sockets see it.
+        s1.write_all(b"x").await.unwrap();
+        drop(s2);
+        c1.stream().readable().await.unwrap();
+        c2.stream().readable().await.unwrap();
+        assert!(pool.put(c1));
+        assert!(pool.put(c2));
+        assert_eq!(pool.idle(), 2);
+        assert!(pool.take(addr).is_none());
+        assert_eq!(pool.idle(), 0);
+        let c3 = pool.checkout(addr, LIMIT).await.unwrap();
+        let (_s3, _) = l.accept().await.unwrap();
+        assert!(!c3.reused());
+        assert!(pool.put(c3));
+        let again = pool.take(addr).expect("an open connection is reused");
+        assert!(again.reused());
+        assert_eq!(pool.idle(), 0);
+    }
+
+    /// The limits hold per thread and peer and over the whole pool.
+    #[tokio::test]
+    async fn limits_are_kept() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let l2 = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr2 = l2.local_addr().unwrap();
+        let pool = Pool::new(3, 2);
+        let mut kept = Vec::new();
+        for a in [addr, addr, addr, addr2, addr2] {
+            kept.push(pool.put(crate::connect(a, LIMIT).await.unwrap()));
+        }
+        // Two to the first peer (per-thread limit), one to the second (pool limit).
+        assert_eq!(kept, [true, true, false, true, false]);
+        assert_eq!(pool.idle(), 3);
+        pool.set_max_idle(0);
+        assert!(pool.take(addr).is_some());
+        assert!(!pool.put(crate::connect(addr, LIMIT).await.unwrap()));
+        pool.clear();
+        assert_eq!(pool.idle(), 0);
+        assert!(pool.take(addr2).is_none());
+    }
+
+    /// A connection is handed out only on the thread that returned it, and `clear` empties
+    /// every thread's lists.
+    #[test]
+    fn pools_are_per_thread() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let pool = Arc::new(Pool::new(8, 8));
+        let on_thread = |f: fn(&Pool, SocketAddr) -> bool| {
+            let pool = pool.clone();
+            std::thread::spawn(move || rt().block_on(async move { f(&pool, addr) }))
+                .join()
+                .unwrap()
+        };
+        let put = |p: &Pool, a: SocketAddr| {
+            let s = std::net::TcpStream::connect(a).unwrap();
+            s.set_nonblocking(true).unwrap();
+            p.put(Connection::new(TcpStream::from_std(s).unwrap(), a, false))
+        };
+        let take = |p: &Pool, a: SocketAddr| p.take(a).is_some();
+        // A thread that pooled a connection and ended closed it with its lists.
+        assert!(on_thread(put));
+        assert_eq!(pool.idle(), 0);
+        let rt = rt();
+        let _guard = rt.enter();
+        assert!(put(&pool, addr));
+        assert_eq!(pool.idle(), 1);
+        assert!(!on_thread(take));
+        assert_eq!(pool.idle(), 1);
+        // Cleared from another thread.
+        let p = pool.clone();
+        std::thread::spawn(move || p.clear()).join().unwrap();
+        assert_eq!(pool.idle(), 0);
+        assert!(!take(&pool, addr));
+    }
+}

@@ -1,0 +1,459 @@
+//! Relaying a response body from a peer to a client.
+//!
+//! The body is delimited as the response head said ([`BodyLength`]): by `Content-Length`, by
+//! chunked coding (checked with the strict decoder of [`switchyard_http::chunked`] and passed on
+//! as received), or by the peer's close. Bytes go through the client's pending buffer, written
+//! whenever it reaches [`RelayOptions::flush_at`]; with [`Direct`] set, what remains of a
+//! `Content-Length` or until-close body after the first read moves straight to the client's
+//! socket instead, by splice(2) from [`Direct::splice_min`] bytes on ([`crate::splice`]).
+//!
+//! The connection can go back to the pool when the peer keeps it open, the body was read to its
+//! end and nothing beyond it arrived.
+
+use std::future::Future;
+use std::io;
+use std::time::Duration;
+
+use bytes::Buf;
+use tokio::net::TcpStream;
+
+use switchyard_http::chunked::ChunkedDecoder;
+use switchyard_http::upstream::BodyLength;
+
+use crate::{splice, Connection, Deadline, Error};
+
+/// The client side of a relay: a buffer of bytes waiting for the client, and its socket.
+pub trait Client {
+    /// Bytes waiting to be written to the client; relayed bytes are appended here.
+    fn pending(&mut self) -> &mut Vec<u8>;
+    /// Write everything pending to the client.
+    fn write_pending(&mut self) -> impl Future<Output = io::Result<()>>;
+    /// The client's socket, for moving bytes straight to it ([`Direct`]).
+    fn socket(&self) -> &TcpStream;
+}
+
+/// Moving large remainders straight to the client's socket.
+#[derive(Clone, Copy, Debug)]
+pub struct Direct {
+    /// Longest wait for the client to take more.
+    pub client_wait: Duration,
+    /// Remainders of at least this many bytes are spliced; 0 never splices.
+    pub splice_min: u64,
+}
+
+/// How to relay a body.
+#[derive(Clone, Copy, Debug)]
+pub struct RelayOptions {
+    /// Waits for the peer.
+    pub deadline: Deadline,
+    /// Write the pending bytes when they reach this many.
+    pub flush_at: usize,
+    /// Write the pending bytes at the end (else the caller writes them later).
+    pub flush_end: bool,
+    /// Move large remainders straight to the client's socket.
+    pub direct: Option<Direct>,
+}
+
+/// What a completed relay did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Relayed {
+    /// Body bytes relayed, as on the wire (chunked coding included).
+    pub body: u64,
+    /// Of these, bytes moved with splice(2).
+    pub spliced: u64,
+    /// The connection can go back to the pool.
+    pub reusable: bool,
+}
+
+/// A relay that broke off.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct RelayFailed {
+    /// What failed ([`Error::Client`] for the client's side).
+    #[source]
+    pub error: Error,
+    /// Bytes handed to splice(2) before the failure.
+    pub spliced: u64,
+}
+
+impl From<Error> for RelayFailed {
+    fn from(error: Error) -> Self {
+        RelayFailed { error, spliced: 0 }
+    }
+}
+
+async fn write<C: Client>(client: &mut C) -> Result<(), Error> {
+    client.write_pending().await.map_err(Error::Client)
+}
+
+/// Read more from the peer; the peer's close is [`Error::Truncated`].
+async fn read_more(conn: &mut Connection, deadline: Deadline) -> Result<(), Error> {
+    match conn.read_more(deadline.next()).await {
+        Ok(0) => Err(Error::Truncated),
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::TimedOut => Err(Error::TimedOut),
+        Err(e) => Err(Error::Read(e)),
+    }
+}
+
+/// Relay the body of a response whose head was read by [`crate::exchange()`] (its framing
+/// `body`, and `keep_alive` as the peer said) from `conn` to `client`.
+pub async fn relay_body<C: Client>(
+    conn: &mut Connection,
+    body: BodyLength,
+    keep_alive: bool,
+    client: &mut C,
+    opts: RelayOptions,
+) -> Result<Relayed, RelayFailed> {
+    let mut done = Relayed::default();
+    match body {
+        BodyLength::None => {}
+        BodyLength::Length(n) => {
+            let mut left = n;
+            loop {
+                let take = (conn.buf.len() as u64).min(left) as usize;
+                client.pending().extend_from_slice(&conn.buf[..take]);
+                conn.buf.advance(take);
+                left -= take as u64;
+                if left == 0 {
+                    break;
+                }
+                if let Some(d) = opts.direct {
+                    write(client).await?;
+                    if d.splice_min > 0 && left >= d.splice_min {
+                        let spliced = left;
+                        splice::splice_exact(
+                            &conn.stream,
+                            client.socket(),
+                            left,
+                            opts.deadline,
+                            d.client_wait,
+                        )
+                        .await
+                        .map_err(|error| RelayFailed { error, spliced })?;
+                        done.spliced = spliced;
+                    } else {
+                        let mut scratch = Vec::new();
+                        splice::copy(
+                            &mut conn.stream,
+                            client.socket(),
+                            Some(left),
+                            &mut scratch,
+                            opts.deadline,
+                            d.client_wait,
+                        )
+                        .await?;
+                    }
+                    break;
+                }
+                if client.pending().len() >= opts.flush_at {
+                    write(client).await?;
+                }
+                read_more(conn, opts.deadline).await?;
+            }
+            done.body = n;
+        }
+        BodyLength::Chunked => {
+            let mut dec = ChunkedDecoder::new();
+            loop {
+                let used = dec.decode(&conn.buf, |_| {}).map_err(Error::from)?;
+                client.pending().extend_from_slice(&conn.buf[..used]);
+                conn.buf.advance(used);
+                done.body += used as u64;
+                if dec.is_done() {
+                    break;
+                }
+                if client.pending().len() >= opts.flush_at {
+                    write(client).await?;
+                }
+                read_more(conn, opts.deadline).await?;
+            }
+        }
+        BodyLength::UntilClose => {
+            let have = conn.buf.len();
+            client.pending().extend_from_slice(&conn.buf);
+            conn.buf.clear();
+            done.body = have as u64;
+            if let Some(d) = opts.direct {
+                write(client).await?;
+                let mut scratch = Vec::new();
+                done.body += splice::copy(
+                    &mut conn.stream,
+                    client.socket(),
+                    None,
+                    &mut scratch,
+                    opts.deadline,
+                    d.client_wait,
+                )
+                .await?;
+            } else {
+                loop {
+                    if client.pending().len() >= opts.flush_at {
+                        write(client).await?;
+                    }
+                    match read_more(conn, opts.deadline).await {
+                        Err(Error::Truncated) => break,
+                        Err(e) => return Err(e.into()),
+                        Ok(()) => {}
+                    }
+                    done.body += conn.buf.len() as u64;
+                    client.pending().extend_from_slice(&conn.buf);
+                    conn.buf.clear();
+                }
+            }
+        }
+    }
+    if opts.flush_end {
+        write(client).await?;
+    }
+    done.reusable = keep_alive && body != BodyLength::UntilClose && conn.buf.is_empty();
+    Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::pair;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A client writing straight to its socket.
+    struct Sink {
+        out: Vec<u8>,
+        stream: TcpStream,
+        writes: usize,
+    }
+
+    impl Client for Sink {
+        fn pending(&mut self) -> &mut Vec<u8> {
+            &mut self.out
+        }
+        async fn write_pending(&mut self) -> io::Result<()> {
+            self.writes += 1;
+            let r = splice::write_all(&self.stream, &self.out, Duration::from_secs(5)).await;
+            self.out.clear();
+            r
+        }
+        fn socket(&self) -> &TcpStream {
+            &self.stream
+        }
+    }
+
+    const WAIT: Deadline = Deadline::Each(Duration::from_secs(5));
+
+    fn opts(direct: Option<Direct>) -> RelayOptions {
+        RelayOptions {
+            deadline: WAIT,
+            flush_at: 64 * 1024,
+            flush_end: true,
+            direct,
+        }
+    }
+
+    const DIRECT: Direct = Direct {
+        client_wait: Duration::from_secs(5),
+        splice_min: 64 * 1024,
+    };
+
+    /// Relay `wire` (sent by the peer, then `after` sent too and the peer's side closed when
+    /// `close`) as `body`; returns the result, what the client got, and what is left in the
+    /// connection's buffer.
+    async fn run(
+        wire: Vec<u8>,
+        after: &'static [u8],
+        close: bool,
+        body: BodyLength,
+        opts: RelayOptions,
+    ) -> (Result<Relayed, RelayFailed>, Vec<u8>) {
+        let (peer_side, mut peer) = pair().await;
+        let (client_side, mut client_r) = pair().await;
+        let mut conn = Connection::new(peer_side, "127.0.0.1:1".parse().unwrap(), false);
+        // The first bytes arrive with the head, as after an exchange.
+        let first = wire.len().min(100);
+        conn.buf.extend_from_slice(&wire[..first]);
+        let writer = tokio::spawn(async move {
+            peer.write_all(&wire[first..]).await.unwrap();
+            peer.write_all(after).await.unwrap();
+            if !close {
+                // Keep the peer's side open until the relay is over.
+                let mut b = [0u8; 1];
+                let _ = peer.read(&mut b).await;
+            }
+        });
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            client_r.read_to_end(&mut got).await.unwrap();
+            got
+        });
+        let mut sink = Sink {
+            out: Vec::new(),
+            stream: client_side,
+            writes: 0,
+        };
+        let r = relay_body(&mut conn, body, true, &mut sink, opts).await;
+        drop(sink);
+        if r.is_ok() && !after.is_empty() && !close {
+            // What follows the body was not taken.
+            let mut next = vec![0u8; after.len()];
+            let have = conn.buf.len().min(after.len());
+            next[..have].copy_from_slice(&conn.buf[..have]);
+            conn.stream.read_exact(&mut next[have..]).await.unwrap();
+            assert_eq!(next, after);
+        }
+        drop(conn);
+        writer.await.unwrap();
+        (r, reader.await.unwrap())
+    }
+
+    fn data(n: usize) -> Vec<u8> {
+        (0..n as u32).map(|i| (i * 7 + i / 251) as u8).collect()
+    }
+
+    #[tokio::test]
+    async fn by_length() {
+        for direct in [None, Some(DIRECT)] {
+            for n in [0usize, 50, 1000, 300_000] {
+                let body = data(n);
+                let (r, got) = run(
+                    body.clone(),
+                    b"",
+                    false,
+                    BodyLength::Length(n as u64),
+                    opts(direct),
+                )
+                .await;
+                let r = r.unwrap();
+                assert_eq!(got, body, "n {n}");
+                assert_eq!(r.body, n as u64);
+                assert!(r.reusable);
+                // Only a remainder of 64 KiB or more in direct mode is spliced.
+                let spliced = direct.is_some() && n > 64 * 1024;
+                assert_eq!(r.spliced, if spliced { n as u64 - 100 } else { 0 });
+            }
+        }
+    }
+
+    /// A large body takes the splice path; the bytes after it stay on the connection, which
+    /// can be reused.
+    #[tokio::test]
+    async fn large_body_is_spliced() {
+        let body = data(3_000_000);
+        let (r, got) = run(
+            body.clone(),
+            b"HTTP/1.1 200 OK\r\n",
+            false,
+            BodyLength::Length(body.len() as u64),
+            opts(Some(DIRECT)),
+        )
+        .await;
+        let r = r.unwrap();
+        assert_eq!(r.spliced, body.len() as u64 - 100);
+        assert!(got == body, "spliced bytes differ");
+    }
+
+    /// A peer closing within a `Content-Length` body is a peer error, not a client one.
+    #[tokio::test]
+    async fn short_body_is_truncated() {
+        for direct in [
+            None,
+            Some(DIRECT),
+            Some(Direct {
+                splice_min: 0,
+                ..DIRECT
+            }),
+        ] {
+            let (r, _) = run(
+                data(500),
+                b"",
+                true,
+                BodyLength::Length(200_000),
+                opts(direct),
+            )
+            .await;
+            let e = r.unwrap_err();
+            assert!(matches!(e.error, Error::Truncated), "{e:?}");
+            assert!(!e.error.is_client());
+        }
+    }
+
+    #[tokio::test]
+    async fn chunked() {
+        let mut wire = Vec::new();
+        for part in [&data(10)[..], &data(70_000)[..], b"x"] {
+            wire.extend_from_slice(format!("{:x};ext=1\r\n", part.len()).as_bytes());
+            wire.extend_from_slice(part);
+            wire.extend_from_slice(b"\r\n");
+        }
+        wire.extend_from_slice(b"0\r\nTrailer: t\r\n\r\n");
+        for direct in [None, Some(DIRECT)] {
+            let (r, got) = run(
+                wire.clone(),
+                b"NEXT",
+                false,
+                BodyLength::Chunked,
+                opts(direct),
+            )
+            .await;
+            let r = r.unwrap();
+            // Passed on as received, and the bytes after it are not part of it.
+            assert!(got == wire);
+            assert_eq!(r.body, wire.len() as u64);
+            assert!(!r.reusable, "bytes after the body");
+        }
+        let (r, got) = run(wire.clone(), b"", false, BodyLength::Chunked, opts(None)).await;
+        assert!(r.unwrap().reusable);
+        assert!(got == wire);
+        // A malformed chunk size.
+        let (r, _) = run(
+            b"zz\r\n".to_vec(),
+            b"",
+            false,
+            BodyLength::Chunked,
+            opts(None),
+        )
+        .await;
+        assert!(matches!(r.unwrap_err().error, Error::Chunked(_)));
+    }
+
+    #[tokio::test]
+    async fn until_close() {
+        for direct in [None, Some(DIRECT)] {
+            let body = data(200_000);
+            let (r, got) = run(
+                body.clone(),
+                b"",
+                true,
+                BodyLength::UntilClose,
+                opts(direct),
+            )
+            .await;
+            let r = r.unwrap();
+            assert!(got == body);
+            assert_eq!(r.body, body.len() as u64);
+            assert!(!r.reusable);
+        }
+    }
+
+    /// Without `flush_end`, what is left stays pending for the caller.
+    #[tokio::test]
+    async fn pending_stays_without_flush_end() {
+        let (peer_side, _peer) = pair().await;
+        let (client_side, _client_r) = pair().await;
+        let mut conn = Connection::new(peer_side, "127.0.0.1:1".parse().unwrap(), false);
+        conn.buf.extend_from_slice(b"hello");
+        let mut sink = Sink {
+            out: b"HEAD".to_vec(),
+            stream: client_side,
+            writes: 0,
+        };
+        let o = RelayOptions {
+            flush_end: false,
+            ..opts(None)
+        };
+        let r = relay_body(&mut conn, BodyLength::Length(5), true, &mut sink, o)
+            .await
+            .unwrap();
+        assert!(r.reusable);
+        assert_eq!(sink.out, b"HEADhello");
+        assert_eq!(sink.writes, 0);
+    }
+}
