@@ -77,7 +77,6 @@ mod handoff;
 mod health;
 mod relay;
 mod report;
-mod splice;
 
 /// The strict node-response parser (kept under its old path).
 pub use switchyard_http::upstream as response;
@@ -172,8 +171,6 @@ pub(crate) struct Shared {
     pub refusing: AtomicUsize,
     /// Health-check tasks started, one per backend.
     health_tasks: Mutex<Vec<JoinHandle<()>>>,
-    /// Worker threads (fixed for the switch's lifetime).
-    workers: usize,
     /// One-way delivery: control connections' shared state, handed-off connections, steering.
     pub(crate) handoffs: handoff::Handoffs,
 }
@@ -444,16 +441,11 @@ fn build_generation(
         });
         let b = match reused {
             Some(b) => {
-                b.max_idle.store(cfg.pool_max_idle as u64, Relaxed);
+                b.set_max_idle(cfg.pool_max_idle);
                 b
             }
             None => {
-                let b = Arc::new(Backend::new(
-                    e.addr,
-                    cfg.pool_max_idle,
-                    shared.workers,
-                    e.control.clone(),
-                ));
+                let b = Arc::new(Backend::new(e.addr, cfg.pool_max_idle, e.control.clone()));
                 fresh.push(b.clone());
                 b
             }
@@ -553,7 +545,6 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
         slots_total: AtomicU32::new(max as u32),
         refusing: AtomicUsize::new(0),
         health_tasks: Mutex::new(Vec::new()),
-        workers,
         // Pins live on the host-wide BPF file system: the instance name keeps switches in
         // different namespaces (or on different ports) apart.
         handoffs: handoff::Handoffs::new(
@@ -608,20 +599,12 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
     };
 
     let accept_shared = shared.clone();
-    let spawned = Workers::spawn(
-        "sy-switch",
-        listeners,
-        stop_rx,
-        move |index, listener, live| {
-            let worker = Worker {
-                shared: accept_shared.clone(),
-            };
-            async move {
-                backend::set_worker(index);
-                worker.accept_loop(&listener, &live).await
-            }
-        },
-    );
+    let spawned = Workers::spawn("sy-switch", listeners, stop_rx, move |_, listener, live| {
+        let worker = Worker {
+            shared: accept_shared.clone(),
+        };
+        async move { worker.accept_loop(&listener, &live).await }
+    });
     let workers_running = match spawned {
         Ok(w) => w,
         Err(e) => {
@@ -665,7 +648,7 @@ const REFUSE_503: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: te
 const MAX_REFUSING: usize = 1024;
 
 /// A worker thread's accept loop: its client connections and the node
-/// connections they use stay on its thread (`backend::set_worker`).
+/// connections they use stay on its thread.
 struct Worker {
     shared: Arc<Shared>,
 }

@@ -16,6 +16,8 @@ use switchyard_http::request::{self, BodyFraming, ParseOutcome, RequestHead, Ver
 use switchyard_http::response::ResponseHead;
 use switchyard_node::idle::{wait_for_bytes, Wait};
 use switchyard_policy::{ConnId, NodeId, Outcome, Reject, Request as PolicyRequest};
+use switchyard_upstream::splice::write_all;
+use switchyard_upstream::{self as upstream, Deadline};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::time::timeout_at;
@@ -25,13 +27,10 @@ use crate::config::Mechanism;
 use crate::handoff;
 use crate::metrics::Rejection;
 use crate::response::{self as resp, BodyLength};
-use crate::splice::{self, Deadlines, MoveError};
 use crate::{Generation, Shared};
 
 /// Response bytes buffered before they are written to the client.
 const FLUSH_AT: usize = 64 * 1024;
-/// Read size for node responses.
-const NODE_READ: usize = 16 * 1024;
 
 /// Why the connection loop ended.
 pub(crate) enum End {
@@ -267,7 +266,7 @@ impl Client {
         self.buf.advance(head.head_len);
         if has_body && head.expect_continue {
             // The switch answers the expectation itself and forwards the body it then gets.
-            if splice::write_all(&self.stream, b"HTTP/1.1 100 Continue\r\n\r\n", gen.t.send)
+            if write_all(&self.stream, b"HTTP/1.1 100 Continue\r\n\r\n", gen.t.send)
                 .await
                 .is_err()
             {
@@ -434,54 +433,68 @@ impl Client {
         http10: bool,
     ) -> Result<Exchanged, Fail> {
         let t = gen.t;
+        let req = upstream::Request {
+            bytes: fwd,
+            head_request: head.method == switchyard_http::Method::Head,
+            max_head: gen.cfg.max_response_head_bytes,
+        };
         // A pooled connection may have been closed by the node just as it is reused: the
         // request then goes again on a new connection.
         let mut pooled = b.take_idle();
         loop {
-            let reused = pooled.is_some();
-            let node = match pooled.take() {
-                Some(s) => s,
+            let mut node = match pooled.take() {
+                Some(c) => c,
                 None => match b.connect(t.connect).await {
-                    Ok(s) => s,
+                    Ok(c) => c,
                     Err(e) => {
                         tracing::warn!(node = %b.addr, error = %e, "cannot connect to node");
                         self.shared.node_failed(b, true, &gen.cfg);
-                        let status = if e.kind() == io::ErrorKind::TimedOut {
-                            504
-                        } else {
-                            502
-                        };
+                        let timed_out = matches!(&e, upstream::Error::Connect { source, .. }
+                            if source.kind() == io::ErrorKind::TimedOut);
                         return Err(Fail::Node {
-                            status,
+                            status: if timed_out { 504 } else { 502 },
                             retry: true,
                         });
                     }
                 },
             };
-            if splice::write_all(&node, fwd, t.node).await.is_err() {
-                if reused {
-                    // A stale pooled connection: try again on a new one.
-                    continue;
-                }
-                self.shared.node_failed(b, false, &gen.cfg);
-                return Err(Fail::Node {
-                    status: 502,
-                    retry: true,
-                });
-            }
-            match self.relay_response(gen, b, node, head, keep, http10).await {
-                Err(Stale) if reused => continue,
-                Err(Stale) => {
-                    tracing::warn!(node = %b.addr, "node closed the connection without answering");
-                    self.shared.node_failed(b, false, &gen.cfg);
-                    return Err(Fail::Node {
-                        status: 502,
-                        retry: true,
-                    });
-                }
-                Ok(r) => return r,
+            // Interim responses are passed on to HTTP/1.1 clients.
+            let interim = (!http10).then_some((&self.stream, t.send));
+            match upstream::exchange(&mut node, req, Deadline::Each(t.node), interim).await {
+                Ok(r) => return self.relay_response(gen, b, node, r, keep, http10).await,
+                Err(f) if f.retryable => continue,
+                Err(f) => return Err(self.exchange_failed(gen, b, head, f.error)),
             }
         }
+    }
+
+    /// What a failed exchange means for the client, the node's health and a retry.
+    fn exchange_failed(
+        &self,
+        gen: &Generation,
+        b: &Backend,
+        head: &RequestHead,
+        e: upstream::Error,
+    ) -> Fail {
+        let (status, retry) = match e {
+            // An interim response could not be passed on.
+            upstream::Error::Client(_) => return Fail::Client(End::Broken),
+            upstream::Error::Response(e) => {
+                tracing::warn!(node = %b.addr, error = %e, "bad response from node");
+                (502, false)
+            }
+            upstream::Error::TimedOut => {
+                tracing::warn!(node = %b.addr, target = %head.target, "node response timed out");
+                (504, false)
+            }
+            upstream::Error::Closed => {
+                tracing::warn!(node = %b.addr, "node closed the connection without answering");
+                (502, true)
+            }
+            _ => (502, true),
+        };
+        self.shared.node_failed(b, false, &gen.cfg);
+        Fail::Node { status, retry }
     }
 
     /// Read the request body from the client and append it, as sent, to `fwd`.
@@ -543,205 +556,82 @@ impl Client {
         }
     }
 
-    /// Read the node's response and relay it; a node connection whose response was read
-    /// completely goes back to the pool. `Err(Stale)`: the node closed the connection without
-    /// sending a byte.
+    /// Relay the node's response whose head `r` was read; a node connection whose response
+    /// was read completely goes back to the pool.
     async fn relay_response(
         &mut self,
         gen: &Generation,
         b: &Backend,
-        mut node: TcpStream,
-        head: &RequestHead,
+        mut node: upstream::Connection,
+        r: upstream::Response,
         keep: bool,
         http10: bool,
-    ) -> Result<Result<Exchanged, Fail>, Stale> {
+    ) -> Result<Exchanged, Fail> {
         let t = gen.t;
-        let is_head = head.method == switchyard_http::Method::Head;
-        let mut rbuf: Vec<u8> = Vec::with_capacity(NODE_READ);
-        let until = tokio::time::Instant::now() + t.node;
-        // Read the head (skipping interim 1xx responses, relayed to HTTP/1.1 clients).
-        let meta = loop {
-            match resp::parse(&rbuf, is_head, gen.cfg.max_response_head_bytes) {
-                Ok(Some(m)) if m.is_interim() => {
-                    if !http10 {
-                        let mut out = Vec::new();
-                        resp::client_response_head(&rbuf[..m.head_len], true, false, &mut out);
-                        if splice::write_all(&self.stream, &out, t.send).await.is_err() {
-                            return Ok(Err(Fail::Client(End::Broken)));
-                        }
-                    }
-                    rbuf.drain(..m.head_len);
-                    continue;
-                }
-                Ok(Some(m)) => break m,
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::warn!(node = %b.addr, error = %e, "bad response from node");
-                    self.shared.node_failed(b, false, &gen.cfg);
-                    return Ok(Err(Fail::Node {
-                        status: 502,
-                        retry: false,
-                    }));
-                }
-            }
-            if rbuf.capacity() - rbuf.len() < 1024 {
-                rbuf.reserve(NODE_READ);
-            }
-            match timeout_at(until, node.read_buf(&mut rbuf)).await {
-                Ok(Ok(0)) | Ok(Err(_)) if rbuf.is_empty() => return Err(Stale),
-                Ok(Ok(0)) | Ok(Err(_)) => {
-                    self.shared.node_failed(b, false, &gen.cfg);
-                    return Ok(Err(Fail::Node {
-                        status: 502,
-                        retry: true,
-                    }));
-                }
-                Ok(Ok(_)) => {}
-                Err(_) => {
-                    tracing::warn!(node = %b.addr, target = %head.target, "node response timed out");
-                    self.shared.node_failed(b, false, &gen.cfg);
-                    return Ok(Err(Fail::Node {
-                        status: 504,
-                        retry: false,
-                    }));
-                }
-            }
-        };
+        let meta = r.meta;
         if http10 && meta.body == BodyLength::Chunked {
             self.shared.node_failed(b, false, &gen.cfg);
-            return Ok(Err(Fail::Node {
+            return Err(Fail::Node {
                 status: 502,
                 retry: false,
-            }));
+            });
         }
         // A drain that started while the node worked closes the connection after this response.
         let client_keep = keep && meta.body != BodyLength::UntilClose && !self.stopping();
         self.out.clear();
-        resp::client_response_head(&rbuf[..meta.head_len], client_keep, http10, &mut self.out);
-        let mut bytes = self.out.len() as u64;
-        let d = Deadlines {
-            node: t.node,
-            client: t.send,
+        resp::client_response_head(&r.head, client_keep, http10, &mut self.out);
+        let head_bytes = self.out.len() as u64;
+        let opts = upstream::RelayOptions {
+            deadline: Deadline::Each(t.node),
+            flush_at: FLUSH_AT,
+            flush_end: true,
+            direct: Some(upstream::Direct {
+                client_wait: t.send,
+                splice_min: gen.cfg.splice_min_bytes,
+            }),
         };
-        let body = &rbuf[meta.head_len..];
-        let mut node_reusable = meta.keep_alive;
-        let result = match meta.body {
-            BodyLength::None => {
-                node_reusable &= body.is_empty();
-                self.flush(t).await
-            }
-            BodyLength::Length(n) => {
-                let have = (body.len() as u64).min(n) as usize;
-                node_reusable &= body.len() as u64 <= n;
-                self.out.extend_from_slice(&body[..have]);
-                bytes += n;
-                let rest = n - have as u64;
-                if rest == 0 {
-                    self.flush(t).await
-                } else {
-                    match self.flush(t).await {
-                        Err(f) => Err(f),
-                        Ok(()) => {
-                            let splice_min = gen.cfg.splice_min_bytes;
-                            let r = if splice_min > 0 && rest >= splice_min {
-                                self.shared.metrics.splice_bytes.fetch_add(rest, Relaxed);
-                                splice::splice_exact(&node, &self.stream, rest, d).await
-                            } else {
-                                splice::copy(&mut node, &self.stream, Some(rest), &mut rbuf, d)
-                                    .await
-                                    .map(drop)
-                            };
-                            r.map_err(|e| self.body_failed(b, gen, e))
-                        }
-                    }
-                }
-            }
-            BodyLength::Chunked => {
-                let mut dec = ChunkedDecoder::new();
-                let mut start = meta.head_len;
-                loop {
-                    let Ok(used) = dec.decode(&rbuf[start..], |_| {}) else {
-                        tracing::warn!(node = %b.addr, "bad chunked body from node");
-                        self.shared.node_failed(b, false, &gen.cfg);
-                        break Err(Fail::Midway);
-                    };
-                    self.out.extend_from_slice(&rbuf[start..start + used]);
-                    bytes += used as u64;
-                    start += used;
-                    if dec.is_done() {
-                        node_reusable &= start == rbuf.len();
-                        break self.flush(t).await;
-                    }
-                    if self.out.len() >= FLUSH_AT {
-                        if let Err(f) = self.flush(t).await {
-                            break Err(f);
-                        }
-                    }
-                    rbuf.clear();
-                    start = 0;
-                    rbuf.reserve(NODE_READ);
-                    let read = timeout_at(
-                        tokio::time::Instant::now() + t.node,
-                        node.read_buf(&mut rbuf),
-                    )
-                    .await;
-                    if !matches!(read, Ok(Ok(n)) if n > 0) {
-                        self.shared.node_failed(b, false, &gen.cfg);
-                        break Err(Fail::Midway);
-                    }
-                }
-            }
-            BodyLength::UntilClose => {
-                node_reusable = false;
-                self.out.extend_from_slice(body);
-                bytes += body.len() as u64;
-                match self.flush(t).await {
-                    Err(f) => Err(f),
-                    Ok(()) => match splice::copy(&mut node, &self.stream, None, &mut rbuf, d).await
-                    {
-                        Ok(n) => {
-                            bytes += n;
-                            Ok(())
-                        }
-                        Err(e) => Err(self.body_failed(b, gen, e)),
-                    },
-                }
-            }
+        let mut to = ToClient {
+            stream: &self.stream,
+            out: &mut self.out,
+            send: t.send,
         };
-        match result {
-            Ok(()) => {
-                if node_reusable {
+        let relayed =
+            upstream::relay_body(&mut node, meta.body, meta.keep_alive, &mut to, opts).await;
+        let metrics = &self.shared.metrics;
+        match relayed {
+            Ok(done) => {
+                metrics.splice_bytes.fetch_add(done.spliced, Relaxed);
+                if done.reusable {
                     b.put_idle(node);
                 }
-                Ok(Ok(Exchanged {
+                Ok(Exchanged {
                     status: meta.status,
-                    bytes,
+                    bytes: head_bytes + done.body,
                     keep: client_keep,
-                }))
+                })
             }
-            Err(f) => Ok(Err(f)),
-        }
-    }
-
-    fn body_failed(&self, b: &Backend, gen: &Generation, e: MoveError) -> Fail {
-        match e {
-            MoveError::Node(err) => {
-                tracing::warn!(node = %b.addr, error = %err, "node failed during a response body");
-                self.shared.node_failed(b, false, &gen.cfg);
-                Fail::Midway
-            }
-            MoveError::Client(e) => {
-                if e.kind() == io::ErrorKind::TimedOut {
-                    self.shared.metrics.timeouts.fetch_add(1, Relaxed);
+            Err(f) => {
+                metrics.splice_bytes.fetch_add(f.spliced, Relaxed);
+                match f.error {
+                    upstream::Error::Client(e) => {
+                        if e.kind() == io::ErrorKind::TimedOut {
+                            metrics.timeouts.fetch_add(1, Relaxed);
+                        }
+                        Err(Fail::Client(End::Broken))
+                    }
+                    e => {
+                        tracing::warn!(node = %b.addr, error = %e, "node failed during a response body");
+                        self.shared.node_failed(b, false, &gen.cfg);
+                        Err(Fail::Midway)
+                    }
                 }
-                Fail::Client(End::Broken)
             }
         }
     }
 
     /// Write what is pending to the client.
     async fn flush(&mut self, t: crate::Timeouts) -> Result<(), Fail> {
-        let r = splice::write_all(&self.stream, &self.out, t.send).await;
+        let r = write_all(&self.stream, &self.out, t.send).await;
         self.out.clear();
         r.map_err(|e| {
             if e.kind() == io::ErrorKind::TimedOut {
@@ -814,8 +704,28 @@ impl Client {
     }
 }
 
-/// The node closed a connection without answering.
-struct Stale;
+/// The client's side of a relayed response: its pending bytes and its socket.
+struct ToClient<'a> {
+    stream: &'a TcpStream,
+    out: &'a mut Vec<u8>,
+    send: std::time::Duration,
+}
+
+impl upstream::Client for ToClient<'_> {
+    fn pending(&mut self) -> &mut Vec<u8> {
+        self.out
+    }
+
+    async fn write_pending(&mut self) -> io::Result<()> {
+        let r = write_all(self.stream, self.out, self.send).await;
+        self.out.clear();
+        r
+    }
+
+    fn socket(&self) -> &TcpStream {
+        self.stream
+    }
+}
 
 /// Another node to retry on: the next one that is up after `failed`.
 fn alternative(gen: &Generation, failed: usize) -> Option<usize> {
