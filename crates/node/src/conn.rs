@@ -40,7 +40,7 @@ use switchyard_http::range::{evaluate, RangeDecision};
 use switchyard_http::request::{self, BodyFraming, Method, ParseOutcome, RequestHead, Version};
 use switchyard_http::response::{DateCache, ResponseHead};
 
-use crate::forward::{self, PeerConn};
+use crate::forward;
 use crate::fs::FileInfo;
 use crate::handoff::{Dispatch, Step};
 use crate::idle::{wait_for_bytes, Wait};
@@ -232,6 +232,21 @@ enum Forwarded {
     NotSent,
 }
 
+/// A forwarded response goes through the connection's output buffer.
+impl switchyard_upstream::Client for Conn<'_> {
+    fn pending(&mut self) -> &mut Vec<u8> {
+        &mut self.out
+    }
+
+    async fn write_pending(&mut self) -> io::Result<()> {
+        self.flush().await
+    }
+
+    fn socket(&self) -> &TcpStream {
+        &self.stream
+    }
+}
+
 impl Conn<'_> {
     async fn run(&mut self) -> End {
         let mut first = true;
@@ -328,21 +343,15 @@ impl Conn<'_> {
         let is_head = head.method == Method::Head;
         let ctx = self.ctx;
         let metrics = &ctx.metrics.handoff;
-        // A pooled connection the peer has meanwhile closed fails without a
-        // byte of response: try once more on a fresh one.
-        let mut fresh = false;
-        let (mut pc, meta) = loop {
-            let attempt = forward::exchange(peer, fresh, &req, is_head, until).await;
-            match attempt {
-                Ok(ok) => break ok,
-                Err(e) if e.retry && !fresh => fresh = true,
-                Err(e) => {
-                    metrics.forward_failures.fetch_add(1, Relaxed);
-                    tracing::debug!(%peer, error = %e.source, "forward failed; serving locally");
-                    return Forwarded::NotSent;
-                }
+        let (mut pc, r) = match forward::exchange(peer, &req, is_head, until).await {
+            Ok(ok) => ok,
+            Err(e) => {
+                metrics.forward_failures.fetch_add(1, Relaxed);
+                tracing::debug!(%peer, error = %e, "forward failed; serving locally");
+                return Forwarded::NotSent;
             }
         };
+        let meta = r.meta;
         let chunked = meta.body == switchyard_http::upstream::BodyLength::Chunked;
         if chunked && http10 {
             // An HTTP/1.0 client cannot take a chunked body.
@@ -356,25 +365,29 @@ impl Conn<'_> {
         let out_mark = self.out.len();
         let written_mark = self.stats.bytes;
         self.out.reserve(1024);
-        switchyard_http::upstream::client_response_head(
-            &pc.buf[..meta.head_len],
-            keep,
-            http10,
-            &mut self.out,
-        );
-        pc.buf.advance(meta.head_len);
-        if let Err(e) = self.relay_body(&mut pc, meta.body, until).await {
-            metrics.forward_failures.fetch_add(1, Relaxed);
-            tracing::debug!(%peer, error = %e, "forwarded response broke off");
-            if self.stats.bytes == written_mark {
-                // Nothing of it reached the client: serve it here instead.
-                self.out.truncate(out_mark);
-                return Forwarded::NotSent;
+        switchyard_http::upstream::client_response_head(&r.head, keep, http10, &mut self.out);
+        let opts = switchyard_upstream::RelayOptions {
+            deadline: switchyard_upstream::Deadline::At(until),
+            flush_at: FLUSH_AT,
+            // Written with the responses that follow, or when the connection closes.
+            flush_end: false,
+            direct: None,
+        };
+        let relayed =
+            switchyard_upstream::relay_body(&mut pc, meta.body, meta.keep_alive, self, opts).await;
+        match relayed {
+            Ok(done) if done.reusable => forward::check_in(pc),
+            Ok(_) => {}
+            Err(e) => {
+                metrics.forward_failures.fetch_add(1, Relaxed);
+                tracing::debug!(%peer, error = %e, "forwarded response broke off");
+                if self.stats.bytes == written_mark {
+                    // Nothing of it reached the client: serve it here instead.
+                    self.out.truncate(out_mark);
+                    return Forwarded::NotSent;
+                }
+                return Forwarded::Done(Some(End::Broken));
             }
-            return Forwarded::Done(Some(End::Broken));
-        }
-        if meta.keep_alive && pc.buf.is_empty() {
-            forward::check_in(pc);
         }
         self.stats.requests += 1;
         self.buf.advance(head.head_len);
@@ -391,52 +404,6 @@ impl Conn<'_> {
             return Forwarded::Done(Some(End::Broken));
         }
         Forwarded::Done(None)
-    }
-
-    /// Copy a forwarded response body from the peer to the client.
-    async fn relay_body(
-        &mut self,
-        pc: &mut PeerConn,
-        body: switchyard_http::upstream::BodyLength,
-        until: tokio::time::Instant,
-    ) -> io::Result<()> {
-        use switchyard_http::upstream::BodyLength;
-        let mut left = match body {
-            BodyLength::None => return Ok(()),
-            BodyLength::Length(n) => n,
-            BodyLength::Chunked | BodyLength::UntilClose => u64::MAX,
-        };
-        let mut dec = ChunkedDecoder::new();
-        loop {
-            let take = match body {
-                BodyLength::Chunked => dec
-                    .decode(&pc.buf, |_| {})
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?,
-                _ => (pc.buf.len() as u64).min(left) as usize,
-            };
-            self.out.extend_from_slice(&pc.buf[..take]);
-            pc.buf.advance(take);
-            if body != BodyLength::UntilClose {
-                left -= take as u64;
-            }
-            if self.out.len() >= FLUSH_AT {
-                self.flush().await?;
-            }
-            let done = match body {
-                BodyLength::Chunked => dec.is_done(),
-                _ => left == 0,
-            };
-            if done {
-                return Ok(());
-            }
-            let n = pc.read_more(until).await?;
-            if n == 0 {
-                if body == BodyLength::UntilClose {
-                    return Ok(());
-                }
-                return Err(io::ErrorKind::UnexpectedEof.into());
-            }
-        }
     }
 
     /// Answer one request; `Some` ends the connection.
