@@ -2,10 +2,10 @@
 //!
 //! A tokio socket is registered with the reactor of the runtime that opened it, so a pooled
 //! connection is handed out only on the thread that returned it: each thread has its own list
-//! per pool and peer, found through a thread-local map without any lock shared with other
-//! threads. The pool also keeps a registry of these lists, so that [`Pool::clear`] closes every
-//! idle connection from any thread (a peer went down or left the configuration) and
-//! [`Pool::idle`] counts them all. A thread's lists close with the thread.
+//! per pool and peer, found through a thread-local map. Each list has its own lock, which only
+//! [`Pool::clear`] takes from another thread: the pool keeps a registry of the lists, so that it
+//! closes every idle connection from any thread (a peer went down or left the configuration),
+//! and [`Pool::idle`] counts them all. A thread's lists close with the thread.
 //!
 //! An idle connection the peer has meanwhile closed (or that carries stray bytes) has its read
 //! readiness set; such connections are checked with a non-blocking read when they are taken
