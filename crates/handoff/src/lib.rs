@@ -51,9 +51,11 @@ pub mod error;
 pub mod fdpass;
 pub mod lab;
 pub mod metrics;
+pub mod mover;
 pub mod netns;
 pub mod proto;
 pub mod repair;
 pub mod steer;
+pub mod taker;
 
 pub use error::{HandoffError, Result};

@@ -383,6 +383,7 @@ fn name_of(m: &Message) -> &'static str {
         Message::Served { .. } => "Served",
         Message::Ping { .. } => "Ping",
         Message::Pong { .. } => "Pong",
+        Message::Cancel { .. } => "Cancel",
     }
 }
 
