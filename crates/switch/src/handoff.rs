@@ -12,10 +12,16 @@
 //! 1. across hosts: the steering entry for the 4-tuple is installed *first*, then the socket
 //!    is dumped (it stays on the switch, silent in repair mode);
 //! 2. `Create` goes to the node with the bytes the switch already read;
-//! 3. `Accepted`: the switch closes its copy (a repair-mode socket sends nothing; a passed
-//!    descriptor lives on in the node) and forgets the connection except for a table entry;
-//!    `Drop` or no answer within `handoff_timeout_ms`: the entry is removed, the socket leaves
-//!    repair mode and the switch relays the connection itself — counted as a fallback.
+//! 3. the answer is awaited by a mover (`switchyard_handoff::mover`, driven here by
+//!    [`send_offer`] for first handoffs and hand-backs alike). `Accepted`: the switch closes its
+//!    copy (a repair-mode socket sends nothing; a passed descriptor lives on in the node) and
+//!    forgets the connection except for a table entry. `Drop`, or a clean end of the control
+//!    stream: the entry is removed, the socket leaves repair mode and the switch relays the
+//!    connection itself — counted as a fallback. No answer within `handoff_timeout_ms`: the
+//!    switch sends `Cancel` and waits as long again; a late `Accepted` leaves the connection to
+//!    the node, a `Drop` gets it relayed, and no answer (or a failed control stream) gets it
+//!    *abandoned*: closed without writing, its steering entry left to linger, never relayed —
+//!    the node may be serving it, and a connection must not be served twice.
 //!
 //! While a node serves a handed-off connection it reports `Served` per dispatched request (the
 //! policy counts it finished), `Route` before each further request when persistent

@@ -207,6 +207,12 @@ fn a_late_accept_leaves_the_connection_to_the_node_alone() {
     let m = sw.sw().handoff_metrics();
     assert_eq!(m.late_accepts.get(), 1);
     assert_eq!(m.handoffs_fd.get(), 1);
+    let status = {
+        let mut a = common::Client::connect(sw.sw().admin_addr().unwrap());
+        String::from_utf8(a.raw(b"GET /status.json HTTP/1.1\r\nHost: a\r\n\r\n").body).unwrap()
+    };
+    assert!(status.contains("\"late_accepts\":1,"), "{status}");
+    assert!(status.contains("\"abandoned\":0"), "{status}");
     for reason in ["timeout", "refused", "control_lost", "abandoned"] {
         assert_eq!(m.fallbacks_for(reason), 0, "{reason}");
     }
