@@ -15,8 +15,13 @@
 //!   the spirit of seed 004 §4.3's THOP: `Create` (THOP_CREATE), `Closed`
 //!   (THOP_NOTIFYCLS), `Drop` (THOP_NOTIFYDROP), plus `Accepted`, `HandBack`
 //!   (multiple handoff, seed 003 §7.2 and seed 000 §3.1.3), `Load` (the
-//!   distributed load monitor pushed on events, seed 004 §2.2) and
+//!   distributed load monitor pushed on events, seed 004 §2.2), `Cancel`
+//!   (the sender gave up waiting and asks for the one answer) and
 //!   `Ping`/`Pong`.
+//! * [`mover`] and [`taker`]: the two ends of one handoff as state machines
+//!   with time passed in (no I/O, no clock), and [`mover::drive`], the thin
+//!   driver on tokio's clock. The mover's docs give the argument why a
+//!   connection is never served by two processes.
 //! * [`fdpass`]: same host. The switch passes the accepted socket itself to
 //!   the node process (`SCM_RIGHTS`) with the bytes it already read. No
 //!   privileges needed.
@@ -45,15 +50,19 @@
 //! answers `Drop`), the switch keeps the connection: [`repair::dump`] leaves
 //! the socket usable on error, and after a successful dump the switch keeps
 //! the (silent, repair-mode) socket until the node says `Accepted`, so on
-//! `Drop` it removes the steering entry, leaves repair mode and relays.
+//! `Drop` it removes the steering entry, leaves repair mode and relays. When
+//! the node's answer stays unknown (see [`mover`]) the switch closes that
+//! socket in repair mode, which sends nothing, and never relays it.
 
 pub mod error;
 pub mod fdpass;
 pub mod lab;
 pub mod metrics;
+pub mod mover;
 pub mod netns;
 pub mod proto;
 pub mod repair;
 pub mod steer;
+pub mod taker;
 
 pub use error::{HandoffError, Result};

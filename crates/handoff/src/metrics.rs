@@ -20,8 +20,14 @@ pub struct HandoffMetrics {
     pub hand_backs: Counter,
     /// Requests a node fetched from another node (back-end forwarding).
     pub backend_forwards: Counter,
-    /// Handoffs that could not happen, by reason; the switch relayed instead.
+    /// Handoffs that could not happen, by reason; the switch relayed instead,
+    /// except for `abandoned` ones (closed without a word, see [`crate::mover`]).
     pub fallbacks: Family<Vec<(&'static str, &'static str)>, Counter>,
+    /// Abandoned handoffs by why the answer is unknown (`cancel_timeout`,
+    /// `control_failed`).
+    pub abandoned: Family<Vec<(&'static str, &'static str)>, Counter>,
+    /// Handoffs accepted after their `Cancel` was sent (the node serves them).
+    pub late_accepts: Counter,
     /// Connections living on nodes now.
     pub handed_active: Gauge,
     /// Requests answered on handed-off connections (counted when they close).
@@ -50,6 +56,8 @@ impl HandoffMetrics {
             hand_backs: Counter::default(),
             backend_forwards: Counter::default(),
             fallbacks: Family::default(),
+            abandoned: Family::default(),
+            late_accepts: Counter::default(),
             handed_active: Gauge::default(),
             requests: Counter::default(),
             bytes: Counter::default(),
@@ -64,6 +72,20 @@ impl HandoffMetrics {
         self.fallbacks
             .get_or_create(&vec![("reason", reason)])
             .inc();
+    }
+
+    /// Counts an abandoned handoff for `reason`.
+    pub fn abandon(&self, reason: &'static str) {
+        self.abandoned
+            .get_or_create(&vec![("reason", reason)])
+            .inc();
+    }
+
+    /// Abandoned handoffs for `reason` so far.
+    pub fn abandoned_for(&self, reason: &'static str) -> u64 {
+        self.abandoned
+            .get_or_create(&vec![("reason", reason)])
+            .get()
     }
 
     /// Fallbacks for `reason` so far.
@@ -103,8 +125,18 @@ impl HandoffMetrics {
         );
         sub.register(
             "fallbacks",
-            "Handoffs that could not happen, by reason; the switch relayed instead",
+            "Handoffs that could not happen, by reason; the switch relayed instead (abandoned ones are closed unanswered)",
             self.fallbacks.clone(),
+        );
+        sub.register(
+            "abandoned",
+            "Handoffs whose answer stayed unknown, by reason; closed without writing, never relayed",
+            self.abandoned.clone(),
+        );
+        sub.register(
+            "late_accepts",
+            "Handoffs a node accepted after the switch had sent Cancel",
+            self.late_accepts.clone(),
         );
         sub.register(
             "requests",

@@ -103,6 +103,9 @@ pub enum DropReason {
     ShuttingDown = 4,
     /// The connection broke after it was accepted.
     Aborted = 5,
+    /// The switch cancelled the `Create` (`Cancel`) before the node answered
+    /// it: the node does not serve it.
+    Cancelled = 6,
     /// Anything else.
     Other = 255,
 }
@@ -115,6 +118,7 @@ impl DropReason {
             3 => Self::NoPrivilege,
             4 => Self::ShuttingDown,
             5 => Self::Aborted,
+            6 => Self::Cancelled,
             255 => Self::Other,
             _ => return None,
         })
@@ -250,6 +254,16 @@ pub enum Message {
         /// Response bytes sent.
         bytes: u64,
     },
+    /// Switch → node: the switch gave up waiting for the answer to the
+    /// `Create` with this id. A node that has not answered it yet answers
+    /// `Drop` with [`DropReason::Cancelled`] and never serves it; a node that
+    /// already answered ignores it (its answer is on the way). Either way the
+    /// switch learns from the one answer whether the node serves the
+    /// connection (see [`crate::mover`]).
+    Cancel {
+        /// Connection id of the `Create`.
+        id: u64,
+    },
     /// Liveness probe.
     Ping {
         /// Echoed in the `Pong`.
@@ -275,6 +289,9 @@ mod op {
     pub const ROUTE: u8 = 10;
     pub const ROUTED: u8 = 11;
     pub const SERVED: u8 = 12;
+    pub const CANCEL: u8 = 13;
+    /// The highest opcode defined.
+    pub const LAST: u8 = CANCEL;
 }
 
 const ACTION_SERVE: u8 = 1;
@@ -299,6 +316,7 @@ impl Message {
             Message::Route { .. } => op::ROUTE,
             Message::Routed { .. } => op::ROUTED,
             Message::Served { .. } => op::SERVED,
+            Message::Cancel { .. } => op::CANCEL,
         }
     }
 
@@ -326,7 +344,8 @@ impl Message {
             | Message::HandBack { id, .. }
             | Message::Route { id, .. }
             | Message::Routed { id, .. }
-            | Message::Served { id, .. } => Some(*id),
+            | Message::Served { id, .. }
+            | Message::Cancel { id } => Some(*id),
             _ => None,
         }
     }
@@ -382,7 +401,7 @@ impl Message {
                 put_bytes(o, preread, "preread", MAX_PREREAD)?;
                 o.push(u8::from(*route));
             }
-            Message::Accepted { id } => put_u64(o, *id),
+            Message::Accepted { id } | Message::Cancel { id } => put_u64(o, *id),
             Message::Drop { id, reason, detail } => {
                 put_u64(o, *id);
                 o.push(*reason as u8);
@@ -542,6 +561,7 @@ impl Message {
                 status: r.u16("status")?,
                 bytes: r.u64("bytes")?,
             },
+            op::CANCEL => Message::Cancel { id: r.u64("id")? },
             other => return Err(ProtoError::UnknownOpcode(other)),
         };
         if !r.b.is_empty() {
@@ -560,7 +580,7 @@ pub fn check_header(buf: &[u8]) -> Result<Option<usize>, ProtoError> {
     if buf.len() >= 3 && buf[2] != VERSION {
         return Err(ProtoError::BadVersion(buf[2]));
     }
-    if buf.len() >= 4 && !(op::HELLO..=op::SERVED).contains(&buf[3]) {
+    if buf.len() >= 4 && !(op::HELLO..=op::LAST).contains(&buf[3]) {
         return Err(ProtoError::UnknownOpcode(buf[3]));
     }
     if buf.len() < HEADER_LEN {
@@ -940,6 +960,30 @@ mod tests {
         for n in 0..f.len() {
             assert_eq!(Message::decode(&f[..n]), Ok(None), "prefix {n}");
         }
+    }
+
+    #[test]
+    fn cancel_and_cancelled_round_trip_with_appended_numbers() {
+        let m = Message::Cancel { id: 42 };
+        let f = m.to_frame().unwrap();
+        // Appended after Served (12): existing frame types keep their numbers.
+        assert_eq!(f[3], 13);
+        assert_eq!(&f[HEADER_LEN..], &42u64.to_be_bytes());
+        assert_eq!(Message::decode(&f).unwrap().unwrap(), (m.clone(), f.len()));
+        assert_eq!(m.id(), Some(42));
+        assert!(!m.needs_fd());
+        let d = Message::Drop {
+            id: 42,
+            reason: DropReason::Cancelled,
+            detail: String::new(),
+        };
+        let f = d.to_frame().unwrap();
+        assert_eq!(f[HEADER_LEN + 8], 6);
+        assert_eq!(Message::decode(&f).unwrap().unwrap(), (d, f.len()));
+        assert_eq!(
+            Message::decode(b"SY\x01\x0e"),
+            Err(ProtoError::UnknownOpcode(14))
+        );
     }
 
     #[test]

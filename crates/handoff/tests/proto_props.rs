@@ -71,6 +71,7 @@ fn reason() -> impl Strategy<Value = DropReason> {
         Just(DropReason::NoPrivilege),
         Just(DropReason::ShuttingDown),
         Just(DropReason::Aborted),
+        Just(DropReason::Cancelled),
         Just(DropReason::Other)
     ]
 }
@@ -129,6 +130,7 @@ fn message() -> impl Strategy<Value = Message> {
             bytes
         }),
         any::<u64>().prop_map(|id| Message::Accepted { id }),
+        any::<u64>().prop_map(|id| Message::Cancel { id }),
         (any::<u64>(), reason(), "\\PC{0,60}").prop_map(|(id, reason, detail)| Message::Drop {
             id,
             reason,

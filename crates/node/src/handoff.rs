@@ -12,12 +12,20 @@
 //!   (`Transfer::Fd`, same host); on the TCP listener (`handoff_listen`) the
 //!   connection's `TCP_REPAIR` state does (`Transfer::Repair`), and the node
 //!   restores it (needs CAP_NET_ADMIN);
-//! * the node answers `Accepted` at once and serves the connection on one of
-//!   its worker threads (round robin), counted like an accepted one and under
-//!   the same connection cap, or `Drop` with the reason (`Busy` at the cap,
-//!   `ShuttingDown`, `NoPrivilege` or `RestoreFailed`). On a refused
-//!   descriptor the node only closes its copy: the switch still holds the
-//!   socket and serves the client itself;
+//! * the node answers each `Create` exactly once, before reading the next
+//!   frame (`switchyard_handoff::taker` keeps the account): `Accepted`, and
+//!   it serves the connection on one of its worker threads (round robin),
+//!   counted like an accepted one and under the same connection cap, or
+//!   `Drop` with the reason (`Busy` at the cap, `ShuttingDown`,
+//!   `NoPrivilege` or `RestoreFailed`). On a refused descriptor the node only
+//!   closes its copy: the switch still holds the socket and serves the client
+//!   itself. The worker starts serving only once the `Accepted` has been
+//!   written to the control socket; if it cannot be written, the connection
+//!   is closed without a word (a restored one back in repair mode): the
+//!   switch, not knowing, gives it up too (see `switchyard_handoff::mover`);
+//! * a `Cancel` (the switch timed out waiting) is answered `Drop` with
+//!   `Cancelled` if its `Create` is still unanswered, and ignored otherwise:
+//!   the switch learns from the one answer who serves the connection;
 //! * `Served` follows every response to a request the switch dispatched (the
 //!   first one, and each one answered by `Routed`), `Closed` the end of the
 //!   connection;
@@ -45,9 +53,10 @@ use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
-use switchyard_handoff::fdpass::{self, next_batch, ControlReader, ControlWriter, Outgoing};
+use switchyard_handoff::fdpass::{self, ControlReader, ControlWriter, Outgoing, MAX_BATCH};
 use switchyard_handoff::proto::{DropReason, Message, RouteAction, Transfer, MAX_PREREAD};
 use switchyard_handoff::proto::{MAX_STRING, MAX_TARGET};
+use switchyard_handoff::taker::Taker;
 use switchyard_handoff::{repair, HandoffError};
 use switchyard_http::request::RequestHead;
 
@@ -217,16 +226,37 @@ pub(crate) fn spawn_listener<L: ControlListener>(
     })
 }
 
+/// A frame for the control writer, and who to tell once it is written.
+struct Out {
+    out: Outgoing,
+    written: Option<oneshot::Sender<()>>,
+}
+
 /// One control connection, as seen by the connections it handed in.
 pub(crate) struct Control {
-    tx: mpsc::UnboundedSender<Outgoing>,
+    tx: mpsc::UnboundedSender<Out>,
     routes: Mutex<HashMap<(u64, u64), oneshot::Sender<RouteAction>>>,
     open: AtomicBool,
 }
 
 impl Control {
     fn send(&self, msg: Message) -> bool {
-        self.tx.send(Outgoing::plain(msg)).is_ok()
+        self.tx
+            .send(Out {
+                out: Outgoing::plain(msg),
+                written: None,
+            })
+            .is_ok()
+    }
+
+    /// Queues `msg`; the receiver resolves once it has been written (and fails if it never is).
+    fn send_written(&self, msg: Message) -> oneshot::Receiver<()> {
+        let (tx, rx) = oneshot::channel();
+        let _ = self.tx.send(Out {
+            out: Outgoing::plain(msg),
+            written: Some(tx),
+        });
+        rx
     }
 
     fn is_open(&self) -> bool {
@@ -261,7 +291,7 @@ async fn control(
 ) {
     rx.metrics().control_connections.fetch_add(1, Relaxed);
     let _gauge = Gauge(rx.metrics());
-    let (tx, mut out_rx) = mpsc::unbounded_channel::<Outgoing>();
+    let (tx, mut out_rx) = mpsc::unbounded_channel::<Out>();
     let ctl = Arc::new(Control {
         tx,
         routes: Mutex::new(HashMap::new()),
@@ -276,6 +306,7 @@ async fn control(
     tokio::spawn(async move {
         let mut close_gone = false;
         let mut batch = Vec::new();
+        let mut written = Vec::new();
         loop {
             let out = tokio::select! {
                 biased;
@@ -292,7 +323,7 @@ async fn control(
             let Some(out) = out else { return };
             // Frames queued meanwhile (Accepted, Served, Closed of busy connections) go
             // with the same system call; a frame with a descriptor goes on its own.
-            next_batch(&mut out_rx, out, &mut batch);
+            next_batch(&mut out_rx, out, &mut batch, &mut written);
             let sent = writer.send_batch(&batch).await;
             // A handed-back descriptor must not stay open here once sent.
             batch.clear();
@@ -300,6 +331,10 @@ async fn control(
                 Ok(unsent) => {
                     for u in unsent {
                         tracing::warn!(peer = %writer_peer, error = %u.error, id = ?u.id, "control message not encodable; dropped");
+                    }
+                    // Accepted frames are always encodable: their connections may be served.
+                    for w in written.drain(..) {
+                        let _ = w.send(());
                     }
                 }
                 Err(e) => {
@@ -309,6 +344,7 @@ async fn control(
             }
         }
     });
+    let mut taker = Taker::new();
     let mut hello = false;
     let end = loop {
         let got = tokio::select! {
@@ -342,7 +378,22 @@ async fn control(
                 transfer,
                 preread,
                 route,
-            } => rx.create(&ctl, id, client, local, transfer, fd, preread, route),
+            } => {
+                if let Err(e) = taker.created(id) {
+                    break Err(HandoffError::Other(e.to_string()));
+                }
+                rx.create(
+                    &ctl, &mut taker, id, client, local, transfer, fd, preread, route,
+                )
+            }
+            Message::Cancel { id } => match taker.cancel(id) {
+                Some(drop) => {
+                    rx.metrics().refused_other.fetch_add(1, Relaxed);
+                    ctl.send(drop);
+                }
+                // Answered already: the answer is on its way.
+                None => tracing::debug!(id, "Cancel for an answered connection ignored"),
+            },
             Message::Routed { id, seq, action } => match ctl.routes.lock().remove(&(id, seq)) {
                 Some(w) => {
                     let _ = w.send(action);
@@ -368,6 +419,28 @@ async fn control(
     }
 }
 
+/// Takes the frames queued behind `first` into `batch` (as `fdpass::next_batch` does), and the
+/// notifications of frames that wait to be written into `written`.
+fn next_batch(
+    rx: &mut mpsc::UnboundedReceiver<Out>,
+    first: Out,
+    batch: &mut Vec<Outgoing>,
+    written: &mut Vec<oneshot::Sender<()>>,
+) {
+    batch.clear();
+    written.clear();
+    let mut next = Some(first);
+    while let Some(Out { out, written: w }) = next.take() {
+        let fd = out.fd.is_some();
+        batch.push(out);
+        written.extend(w);
+        if fd || batch.len() >= MAX_BATCH {
+            break;
+        }
+        next = rx.try_recv().ok();
+    }
+}
+
 /// The name of a message's kind, for logs (a `Create` can carry a megabyte).
 fn name_of(m: &Message) -> &'static str {
     match m {
@@ -383,6 +456,7 @@ fn name_of(m: &Message) -> &'static str {
         Message::Served { .. } => "Served",
         Message::Ping { .. } => "Ping",
         Message::Pong { .. } => "Pong",
+        Message::Cancel { .. } => "Cancel",
     }
 }
 
@@ -399,6 +473,7 @@ impl Receiver {
     fn create(
         self: &Arc<Self>,
         ctl: &Arc<Control>,
+        taker: &mut Taker,
         id: u64,
         client: SocketAddr,
         local: SocketAddr,
@@ -410,7 +485,7 @@ impl Receiver {
         let m = self.metrics();
         // A refused descriptor is only closed: the switch still holds the
         // socket and serves the client itself.
-        let refuse = |reason: DropReason, detail: String| {
+        let mut refuse = |reason: DropReason, detail: String| {
             let counter = match reason {
                 DropReason::Busy => &m.refused_busy,
                 DropReason::ShuttingDown => &m.refused_shutting_down,
@@ -420,7 +495,9 @@ impl Receiver {
             };
             counter.fetch_add(1, Relaxed);
             tracing::debug!(id, %client, ?reason, %detail, "handoff refused");
-            ctl.send(Message::Drop { id, reason, detail });
+            if let Some(drop) = taker.refuse(id, reason, detail) {
+                ctl.send(drop);
+            }
         };
         if self.stopping() {
             return refuse(DropReason::ShuttingDown, "node is shutting down".into());
@@ -497,7 +574,12 @@ impl Receiver {
                 }
             }
         };
-        ctl.send(Message::Accepted { id });
+        let Some(accepted) = taker.accept(id) else {
+            // Answered already (cancelled): never served.
+            silence(stream, kind);
+            return;
+        };
+        let written = ctl.send_written(accepted);
         match kind {
             Kind::Fd => m.fd_connections.fetch_add(1, Relaxed),
             Kind::Repair => m.repair_connections.fetch_add(1, Relaxed),
@@ -512,6 +594,18 @@ impl Receiver {
         let me = self.clone();
         let ctl = ctl.clone();
         worker.spawn(async move {
+            // Serve only once the switch can know: a node that dies before its Accepted is
+            // written has served nothing.
+            if written.await.is_err() {
+                tracing::warn!(
+                    id,
+                    "Accepted not written; the connection is closed unanswered"
+                );
+                silence(stream, kind);
+                me.ctx.metrics.connections_active.fetch_sub(1, Relaxed);
+                drop((permit, live));
+                return;
+            }
             me.run(
                 ctl,
                 id,
@@ -630,12 +724,12 @@ impl Receiver {
                     msg: msg(Transfer::Fd),
                     fd: Some(fd),
                 };
-                match ctl.tx.send(out) {
+                match ctl.tx.send(Out { out, written: None }) {
                     Ok(()) => {
                         self.metrics().hand_backs.fetch_add(1, Relaxed);
                         HandBack::Done
                     }
-                    Err(mpsc::error::SendError(out)) => match out.fd.map(restream) {
+                    Err(mpsc::error::SendError(Out { out, .. })) => match out.fd.map(restream) {
                         Some(Ok(s)) => HandBack::Keep(s, rest),
                         _ => HandBack::Lost,
                     },
@@ -689,6 +783,18 @@ enum HandBack {
     Keep(TcpStream, BytesMut),
     /// It could be neither handed back nor kept.
     Lost,
+}
+
+/// Closes a handed-in connection without a word to the client: a restored one goes back into
+/// repair mode first (closing it then sends nothing), a passed descriptor is only this
+/// process's copy.
+fn silence(stream: TcpStream, kind: Kind) {
+    if kind == Kind::Repair {
+        if let Err(e) = repair::set_repair(stream.as_fd(), true) {
+            tracing::warn!(error = %e, "cannot put a connection back into repair mode");
+        }
+    }
+    drop(stream);
 }
 
 /// A socket taken off the runtime, registered again on the current one.
@@ -869,7 +975,7 @@ impl Listeners {
 mod tests {
     use super::*;
 
-    fn control() -> (Arc<Control>, mpsc::UnboundedReceiver<Outgoing>) {
+    fn control() -> (Arc<Control>, mpsc::UnboundedReceiver<Out>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let ctl = Arc::new(Control {
             tx,
@@ -911,7 +1017,7 @@ mod tests {
             d.answered(200, 10);
             d.flushed();
             d.flushed();
-            let m = out.recv().await.unwrap().msg;
+            let m = out.recv().await.unwrap().out.msg;
             assert_eq!(
                 m,
                 Message::Served {
@@ -928,10 +1034,14 @@ mod tests {
             let answer = {
                 let ctl = ctl.clone();
                 async move {
-                    let Some(Outgoing {
-                        msg:
-                            Message::Route {
-                                id, seq, target, ..
+                    let Some(Out {
+                        out:
+                            Outgoing {
+                                msg:
+                                    Message::Route {
+                                        id, seq, target, ..
+                                    },
+                                ..
                             },
                         ..
                     }) = out.recv().await

@@ -299,7 +299,9 @@ pub struct SwitchConfig {
     pub steering: SteeringKind,
     /// Interface on which client packets arrive and leave for the nodes (handoffs across hosts).
     pub steering_iface: String,
-    /// Time a node has to answer a handoff (`Accepted` or `Drop`); then the switch relays.
+    /// Time a node has to answer a handoff (`Accepted` or `Drop`); then the switch sends
+    /// `Cancel` and waits as long again for the one answer: `Drop` and it relays, `Accepted` and
+    /// the node serves, none and the connection is closed without a word (abandoned).
     pub handoff_timeout_ms: u64,
     /// How long a steering entry stays after the node reports the connection closed, so the
     /// last packets of the FIN exchange still reach the node.

@@ -12,10 +12,16 @@
 //! 1. across hosts: the steering entry for the 4-tuple is installed *first*, then the socket
 //!    is dumped (it stays on the switch, silent in repair mode);
 //! 2. `Create` goes to the node with the bytes the switch already read;
-//! 3. `Accepted`: the switch closes its copy (a repair-mode socket sends nothing; a passed
-//!    descriptor lives on in the node) and forgets the connection except for a table entry;
-//!    `Drop` or no answer within `handoff_timeout_ms`: the entry is removed, the socket leaves
-//!    repair mode and the switch relays the connection itself — counted as a fallback.
+//! 3. the answer is awaited by a mover (`switchyard_handoff::mover`, driven here by
+//!    [`send_offer`] for first handoffs and hand-backs alike). `Accepted`: the switch closes its
+//!    copy (a repair-mode socket sends nothing; a passed descriptor lives on in the node) and
+//!    forgets the connection except for a table entry. `Drop`, or a clean end of the control
+//!    stream: the entry is removed, the socket leaves repair mode and the switch relays the
+//!    connection itself — counted as a fallback. No answer within `handoff_timeout_ms`: the
+//!    switch sends `Cancel` and waits as long again; a late `Accepted` leaves the connection to
+//!    the node, a `Drop` gets it relayed, and no answer (or a failed control stream) gets it
+//!    *abandoned*: closed without writing, its steering entry left to linger, never relayed —
+//!    the node may be serving it, and a connection must not be served twice.
 //!
 //! While a node serves a handed-off connection it reports `Served` per dispatched request (the
 //! policy counts it finished), `Route` before each further request when persistent
@@ -35,7 +41,10 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use switchyard_handoff::fdpass::{self, next_batch, ControlReader, ControlWriter, Outgoing};
 use switchyard_handoff::metrics::HandoffMetrics;
-use switchyard_handoff::proto::{DropReason, Message, RouteAction, Transfer, MAX_PREREAD};
+use switchyard_handoff::mover::{
+    self, Event, Mover, MoverConfig, Outcome as Moved, TakeBackReason,
+};
+use switchyard_handoff::proto::{Message, RouteAction, Transfer, MAX_PREREAD};
 use switchyard_handoff::repair;
 use switchyard_handoff::steer::{self, Flow, Steering, Target};
 use switchyard_http::request::{self, ParseOutcome};
@@ -60,8 +69,13 @@ pub(crate) enum Fallback {
     Dump,
     /// The node answered `Drop`.
     Refused,
-    /// The node did not answer in time.
+    /// The node did not answer in time; it answered the `Cancel` with `Drop`.
     Timeout,
+    /// The control connection ended cleanly before the node answered.
+    ControlLost,
+    /// Neither the `Create` nor the `Cancel` was answered in time, or the control connection
+    /// failed before an answer: the switch closed its copy without writing (not relayed).
+    Abandoned,
     /// A node gave the connection back and no node took it again.
     HandBack,
     /// The client had sent more than a `Create` carries (pipelined requests beyond 1 MiB).
@@ -69,13 +83,15 @@ pub(crate) enum Fallback {
 }
 
 impl Fallback {
-    pub(crate) const ALL: [Fallback; 8] = [
+    pub(crate) const ALL: [Fallback; 10] = [
         Fallback::ControlDown,
         Fallback::NoSteering,
         Fallback::NotSteerable,
         Fallback::Dump,
         Fallback::Refused,
         Fallback::Timeout,
+        Fallback::ControlLost,
+        Fallback::Abandoned,
         Fallback::HandBack,
         Fallback::TooMuchRead,
     ];
@@ -88,16 +104,24 @@ impl Fallback {
             Fallback::Dump => "dump_failed",
             Fallback::Refused => "refused",
             Fallback::Timeout => "timeout",
+            Fallback::ControlLost => "control_lost",
+            Fallback::Abandoned => "abandoned",
             Fallback::HandBack => "hand_back",
             Fallback::TooMuchRead => "too_much_read",
         }
     }
 }
 
-/// A node's answer to `Create`.
-enum Reply {
-    Accepted,
-    Dropped(DropReason, String),
+/// What became of a connection offered to a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Offered {
+    /// The node serves it: the caller drops its copy without writing to it.
+    Moved,
+    /// The node will not serve it: the caller relays it.
+    Relay,
+    /// Unknown whether the node serves it: the caller drops its copy without writing to it and
+    /// ends the connection's bookkeeping.
+    Abandoned,
 }
 
 /// The switch's end of one node's control connection.
@@ -151,7 +175,8 @@ struct Pending {
     /// When the first handoff of the connection started (`None`: a handed-back connection
     /// passed on).
     first: Option<Instant>,
-    tx: oneshot::Sender<Reply>,
+    /// The one answer for the connection's mover.
+    tx: oneshot::Sender<Event>,
 }
 
 /// A connection that lives on a node.
@@ -402,17 +427,79 @@ pub(crate) struct Offer<'a> {
     pub preread: Vec<u8>,
 }
 
-/// Hand the offered connection to its node. `Ok`: the node has the connection; the caller
-/// drops its copy without writing to it. `Err`: the connection is usable by the caller as
-/// before (out of repair mode, nothing sent) and the caller relays; the reason is counted.
-pub(crate) async fn hand_off(shared: &Arc<Shared>, offer: Offer<'_>) -> Result<(), Fallback> {
+/// Hand the offered connection to its node. [`Offered::Moved`]: the node has the connection;
+/// [`Offered::Relay`]: the connection is usable by the caller as before (out of repair mode,
+/// nothing sent) and the caller relays; [`Offered::Abandoned`]: nobody knows whether the node
+/// serves it, so the caller closes it without writing. Fallbacks are counted by reason.
+pub(crate) async fn hand_off(shared: &Arc<Shared>, offer: Offer<'_>) -> Offered {
     let (peer, node) = (offer.peer, offer.gen.nodes[offer.idx].addr);
-    let r = try_hand_off(shared, offer).await;
-    if let Err(why) = r {
-        shared.handoffs.count_fallback(why);
-        tracing::debug!(%peer, %node, reason = why.label(), "handoff fell back to relaying");
+    match try_hand_off(shared, offer).await {
+        Ok(()) => Offered::Moved,
+        Err(why) => {
+            if why != Fallback::Abandoned {
+                // (An abandoned handoff was counted where it was given up.)
+                shared.handoffs.count_fallback(why);
+            }
+            if why == Fallback::Abandoned {
+                tracing::warn!(%peer, %node, "handoff abandoned: the connection is closed unanswered");
+                Offered::Abandoned
+            } else {
+                tracing::debug!(%peer, %node, reason = why.label(), "handoff fell back to relaying");
+                Offered::Relay
+            }
+        }
     }
-    r
+}
+
+/// Offer connection `id` to node `node` over `ctl` (`create` and its descriptor) and run the
+/// mover until the answer is definitive (see `switchyard_handoff::mover` for why the switch
+/// never serves a connection the node may serve).
+#[allow(clippy::too_many_arguments)]
+async fn send_offer(
+    h: &Handoffs,
+    ctl: &Control,
+    id: u64,
+    node: usize,
+    first: Option<Instant>,
+    create: Message,
+    fd: Option<OwnedFd>,
+    timeout: Duration,
+) -> Moved {
+    let (tx, rx) = oneshot::channel();
+    h.pending.lock().insert(id, Pending { node, first, tx });
+    let now = tokio::time::Instant::now().into_std();
+    let mut m = Mover::new(id, MoverConfig::symmetric(timeout), now);
+    if !ctl.send(create, fd) {
+        m.handle(Event::NotSent);
+    }
+    let outcome = mover::drive(
+        &mut m,
+        async { rx.await.ok() },
+        |frame| {
+            // If the link is down, its end reaches the mover through the pending entry.
+            ctl.send(frame, None);
+        },
+        // Taking the entry out fences the expiry against an answer read meanwhile.
+        || h.pending.lock().remove(&id).is_some(),
+    )
+    .await;
+    h.pending.lock().remove(&id);
+    outcome
+}
+
+/// A connection nobody may serve any more from here: its table entry goes (returned), its
+/// steering entry stays for the linger time (the node may hold the connection), and it is
+/// counted by reason.
+fn abandon(h: &Handoffs, id: u64, why: mover::AbandonReason, linger: Duration) -> Option<Handed> {
+    h.count_fallback(Fallback::Abandoned);
+    h.metrics.abandon(why.label());
+    let c = h.conns.lock().remove(&id)?;
+    if let Some(flow) = c.flow {
+        h.lingering
+            .lock()
+            .push_back((Instant::now() + linger, flow, id));
+    }
+    Some(c)
 }
 
 async fn try_hand_off(shared: &Arc<Shared>, offer: Offer<'_>) -> Result<(), Fallback> {
@@ -483,39 +570,31 @@ async fn try_hand_off(shared: &Arc<Shared>, offer: Offer<'_>) -> Result<(), Fall
             next: None,
         },
     );
-    let (tx, rx) = oneshot::channel();
-    h.pending.lock().insert(
+    let create = Message::Create {
         id,
-        Pending {
-            node: idx,
-            first: Some(started),
-            tx,
-        },
-    );
-    let sent = ctl.send(
-        Message::Create {
-            id,
-            client: peer,
-            local,
-            transfer,
-            preread,
-            route,
-        },
-        fd,
-    );
-    let reply = if sent {
-        tokio::time::timeout(Duration::from_millis(gen.cfg.handoff_timeout_ms), rx).await
-    } else {
-        Ok(Ok(Reply::Dropped(
-            DropReason::Other,
-            "control connection down".into(),
-        )))
+        client: peer,
+        local,
+        transfer,
+        preread,
+        route,
     };
-    match reply {
+    let wait = Duration::from_millis(gen.cfg.handoff_timeout_ms);
+    match send_offer(h, ctl, id, idx, Some(started), create, fd, wait).await {
         // Counted where the Accepted was read, in order with the node's later reports.
-        Ok(Ok(Reply::Accepted)) => Ok(()),
-        other => {
-            h.pending.lock().remove(&id);
+        Moved::Moved { late } => {
+            if late {
+                h.metrics.late_accepts.inc();
+                tracing::warn!(node = %b.addr, id, "node accepted a handoff after its Cancel");
+            }
+            Ok(())
+        }
+        Moved::Abandon(why) => {
+            // The socket stays as it is (in repair mode it closes silently). Nothing was
+            // counted for the connection yet: that happens with the Accepted.
+            abandon(h, id, why, Duration::from_millis(gen.cfg.handoff_linger_ms));
+            Err(Fallback::Abandoned)
+        }
+        Moved::TakeBack(why) => {
             h.conns.lock().remove(&id);
             if let Some(flow) = &flow {
                 h.unsteer(flow, id);
@@ -524,17 +603,19 @@ async fn try_hand_off(shared: &Arc<Shared>, offer: Offer<'_>) -> Result<(), Fall
                     tracing::warn!(error = %e, "cannot leave repair mode");
                 }
             }
-            match other {
-                Ok(Ok(Reply::Dropped(reason, detail))) => {
-                    tracing::debug!(node = %b.addr, ?reason, %detail, "node refused a handoff");
-                    Err(Fallback::Refused)
-                }
-                _ => {
-                    tracing::warn!(node = %b.addr, "node did not answer a handoff in time");
-                    Err(Fallback::Timeout)
-                }
-            }
+            tracing::debug!(node = %b.addr, ?why, "node did not take a handoff");
+            Err(take_back_fallback(why))
         }
+    }
+}
+
+/// The fallback a definitive refusal is counted as.
+fn take_back_fallback(why: TakeBackReason) -> Fallback {
+    match why {
+        TakeBackReason::NotSent => Fallback::ControlDown,
+        TakeBackReason::Refused(_) => Fallback::Refused,
+        TakeBackReason::Cancelled(_) => Fallback::Timeout,
+        TakeBackReason::ControlEnded => Fallback::ControlLost,
     }
 }
 
@@ -559,11 +640,12 @@ pub(crate) async fn run_control(shared: Arc<Shared>, b: Arc<Backend>) {
                     _ = stop.changed() => Ok(()),
                 }
             }
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("connect timed out".into()),
+            Ok(Err(e)) => Err(End::Failed(e.to_string())),
+            Err(_) => Err(End::Failed("connect timed out".into())),
         };
         *ctl.tx.lock() = None;
-        lost(&shared, &b);
+        let clean = matches!(&result, Err(End::Clean(_)));
+        lost(&shared, &b, clean);
         if let Err(e) = result {
             tracing::debug!(node = %b.addr, control = %ctl.addr, error = %e, "control connection down");
         }
@@ -582,13 +664,40 @@ async fn connect(addr: &ControlAddr) -> std::io::Result<(ControlReader, ControlW
     })
 }
 
+/// How a control connection ended, for the handoffs waiting on it.
+#[derive(Debug)]
+enum End {
+    /// Everything the node wrote has been read (end of stream; on a Unix socket also a reset,
+    /// reported only after the dead peer's last bytes): a `Create` it did not answer is one it
+    /// never serves.
+    Clean(String),
+    /// Frames may have been lost either way.
+    Failed(String),
+}
+
+impl std::fmt::Display for End {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            End::Clean(s) => write!(f, "{s}"),
+            End::Failed(s) => write!(f, "{s}"),
+        }
+    }
+}
+
+/// Whether a read error still means that everything the node wrote was read.
+fn clean_error(reader: &ControlReader, e: &switchyard_handoff::HandoffError) -> bool {
+    matches!(reader, ControlReader::Unix(_))
+        && matches!(e, switchyard_handoff::HandoffError::Io { source, .. }
+            if source.kind() == std::io::ErrorKind::ConnectionReset)
+}
+
 /// One control connection: hello both ways, then frames until either side ends it.
 async fn session(
     shared: &Arc<Shared>,
     b: &Arc<Backend>,
     ctl: &Arc<Control>,
     (mut reader, mut writer): (ControlReader, ControlWriter),
-) -> Result<(), String> {
+) -> Result<(), End> {
     let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
     let _ = tx.send(Outgoing::plain(Message::Hello {
         name: "switch".into(),
@@ -600,10 +709,6 @@ async fn session(
             let sent = writer.send_batch(&batch).await;
             // Drop what was sent now: a passed descriptor must not keep the switch's copy of
             // the client socket open.
-            let ids: Vec<Option<u64>> = match &sent {
-                Err(_) => batch.iter().map(|o| o.msg.id()).collect(),
-                Ok(_) => Vec::new(),
-            };
             batch.clear();
             match sent {
                 Ok(unsent) => {
@@ -613,10 +718,9 @@ async fn session(
                         fail_pending(shared, u.id);
                     }
                 }
-                Err(e) => {
-                    ids.into_iter().for_each(|id| fail_pending(shared, id));
-                    return Err(e.to_string());
-                }
+                // A failed write may have delivered any part of the batch: the waiting
+                // handoffs learn it from the end of the session.
+                Err(e) => return Err(End::Failed(e.to_string())),
             }
         }
         Ok(())
@@ -627,14 +731,15 @@ async fn session(
             match reader.recv().await {
                 Ok(Some((m, fd))) => {
                     if !hello {
-                        expect_hello(&m, b, ctl, &tx)?;
+                        expect_hello(&m, b, ctl, &tx).map_err(End::Failed)?;
                         hello = true;
                         continue;
                     }
                     on_message(shared, b, m, fd)
                 }
-                Ok(None) => return Err("node closed the control connection".to_string()),
-                Err(e) => return Err(e.to_string()),
+                Ok(None) => return Err(End::Clean("node closed the control connection".into())),
+                Err(e) if clean_error(&reader, &e) => return Err(End::Clean(e.to_string())),
+                Err(e) => return Err(End::Failed(e.to_string())),
             }
         }
     };
@@ -668,21 +773,22 @@ fn expect_hello(
     }
 }
 
-/// A frame could not be written: its `Create`, if it was one, is refused now rather than
-/// after the timeout.
+/// A frame could not be encoded, so it never left: its `Create`, if it was one, is taken back
+/// now rather than after the timeout.
 fn fail_pending(shared: &Shared, id: Option<u64>) {
     if let Some(id) = id {
         if let Some(Pending { tx, .. }) = shared.handoffs.pending.lock().remove(&id) {
-            let _ = tx.send(Reply::Dropped(DropReason::Other, "write failed".into()));
+            let _ = tx.send(Event::NotSent);
         }
     }
 }
 
-/// The node behind a control connection is gone: its connections with it.
-fn lost(shared: &Shared, b: &Arc<Backend>) {
+/// The node behind a control connection is gone: its connections with it. `clean`: everything
+/// the node wrote was read.
+fn lost(shared: &Shared, b: &Arc<Backend>, clean: bool) {
     let h = &shared.handoffs;
-    // Handoffs still waiting for this node's answer: their waiters take the connections back
-    // (and remove their table entries themselves).
+    // Handoffs still waiting for this node's answer: their movers decide (a clean end takes
+    // the connection back, a failure abandons it) and clean up their table entries.
     let waiting: Vec<u64> = {
         let mut pending = h.pending.lock();
         let g = shared.current();
@@ -697,10 +803,11 @@ fn lost(shared: &Shared, b: &Arc<Backend>) {
             .collect();
         for id in &ids {
             if let Some(Pending { tx, .. }) = pending.remove(id) {
-                let _ = tx.send(Reply::Dropped(
-                    DropReason::Other,
-                    "control connection lost".into(),
-                ));
+                let _ = tx.send(if clean {
+                    Event::ControlEnded
+                } else {
+                    Event::ControlFailed
+                });
             }
         }
         ids
@@ -771,12 +878,13 @@ fn on_message(shared: &Arc<Shared>, b: &Arc<Backend>, m: Message, fd: Option<Own
                         c.gen.nodes[node].active.fetch_add(1, Relaxed);
                     }
                 }
-                let _ = tx.send(Reply::Accepted);
+                let _ = tx.send(Event::Accepted);
             }
         }
         Message::Drop { id, reason, detail } => {
             if let Some(Pending { tx, .. }) = h.pending.lock().remove(&id) {
-                let _ = tx.send(Reply::Dropped(reason, detail));
+                tracing::debug!(id, ?reason, %detail, "node dropped a handoff");
+                let _ = tx.send(Event::Dropped(reason));
             } else if let Some(c) = h.conns.lock().remove(&id) {
                 // Lost after it was accepted.
                 if let Some(flow) = &c.flow {
@@ -995,48 +1103,38 @@ async fn pass_on(
             (Some(_), None) => false,
         };
         if steered {
-            let (tx, rx) = oneshot::channel();
-            h.pending.lock().insert(
-                id,
-                Pending {
-                    node: to,
-                    first: None,
-                    tx,
-                },
-            );
             let fd_copy = fd.as_ref().and_then(|f| f.try_clone().ok());
-            let sent = ctl.send(
-                Message::Create {
-                    id,
-                    client: peer,
-                    local,
-                    transfer: transfer.clone(),
-                    preread: preread.clone(),
-                    route,
-                },
-                fd_copy,
-            );
-            let wait = Duration::from_millis(gen.cfg.handoff_timeout_ms);
-            let reply = if sent {
-                tokio::time::timeout(wait, rx)
-                    .await
-                    .ok()
-                    .and_then(Result::ok)
-            } else {
-                None
+            let create = Message::Create {
+                id,
+                client: peer,
+                local,
+                transfer: transfer.clone(),
+                preread: preread.clone(),
+                route,
             };
-            match reply {
-                Some(Reply::Accepted) => return,
-                Some(Reply::Dropped(reason, detail)) => {
-                    tracing::warn!(%peer, node = %gen.nodes[to].addr, ?reason, %detail,
-                        "node refused a handed-back connection");
+            let wait = Duration::from_millis(gen.cfg.handoff_timeout_ms);
+            match send_offer(h, &ctl, id, to, None, create, fd_copy, wait).await {
+                Moved::Moved { late } => {
+                    if late {
+                        h.metrics.late_accepts.inc();
+                    }
+                    return;
                 }
-                None => {
-                    tracing::warn!(%peer, node = %gen.nodes[to].addr, sent,
-                        "no answer for a handed-back connection");
+                Moved::Abandon(why) => {
+                    // The state or descriptor held here is dropped unused.
+                    tracing::warn!(%peer, node = %gen.nodes[to].addr, ?why,
+                        "handed-back connection abandoned: the connection is closed unanswered");
+                    let linger = Duration::from_millis(gen.cfg.handoff_linger_ms);
+                    if let Some(c) = abandon(h, id, why, linger) {
+                        finish(&shared, c);
+                    }
+                    return;
+                }
+                Moved::TakeBack(why) => {
+                    tracing::warn!(%peer, node = %gen.nodes[to].addr, ?why,
+                        "node did not take a handed-back connection");
                 }
             }
-            h.pending.lock().remove(&id);
         } else {
             tracing::warn!(%peer, node = %gen.nodes[to].addr, "cannot steer a handed-back connection");
         }

@@ -46,8 +46,11 @@
 //! the switch learns of each finished request (`Served`, for the policy), of further requests
 //! when persistent connections are routed (`Route` → serve, back-end forwarding or hand back —
 //! multiple handoff, which the switch passes on to the next node), and of the end (`Closed`).
-//! When a handoff cannot happen — control connection down, no steering, the node refuses or
-//! does not answer in time — the switch relays that connection as above and counts the reason.
+//! When a handoff cannot happen — control connection down, no steering, the node refuses, or
+//! does not answer in time and then answers the switch's `Cancel` with `Drop` — the switch
+//! relays that connection as above and counts the reason. When the answer stays unknown (no
+//! answer to the `Cancel` either, or the control connection failed) the switch closes the
+//! connection without writing to it (abandoned): the node may be serving it.
 //!
 //! # Failures, health and load
 //!

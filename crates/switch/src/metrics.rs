@@ -30,7 +30,9 @@
 //! | `switchyard_handoff_fd_total`, `_repair_total` | | connections handed to nodes (same host, across hosts) |
 //! | `switchyard_handoff_hand_backs_total` | | connections nodes gave back (multiple handoff) |
 //! | `switchyard_handoff_backend_forwards_total` | | requests routed to another node's content (back-end forwarding) |
-//! | `switchyard_handoff_fallbacks_total` | `reason` | handoffs that could not happen; relayed instead |
+//! | `switchyard_handoff_fallbacks_total` | `reason` | handoffs that could not happen; relayed instead, except `abandoned` (closed unanswered) |
+//! | `switchyard_handoff_abandoned_total` | `reason` | handoffs whose answer stayed unknown (`cancel_timeout`, `control_failed`) |
+//! | `switchyard_handoff_late_accepts_total` | | handoffs accepted after the switch's `Cancel` (served by the node) |
 //! | `switchyard_handoff_connections_active` | | connections living on nodes now |
 //! | `switchyard_handoff_steering_entries` | | steering entries live |
 //! | `switchyard_handoff_latency_seconds` | | histogram: handoff decision → node's `Accepted` |
@@ -475,7 +477,7 @@ pub(crate) fn status_json(shared: &Shared) -> String {
     let h = &shared.handoffs;
     let _ = write!(
         s,
-        "],\"mechanism\":\"{}\",\"handoff\":{{\"fd\":{},\"repair\":{},\"hand_backs\":{},\"backend_forwards\":{},\"connections_active\":{},\"steering\":{},\"steering_entries\":{},\"steering_error\":{},\"fallbacks\":{{",
+        "],\"mechanism\":\"{}\",\"handoff\":{{\"fd\":{},\"repair\":{},\"hand_backs\":{},\"backend_forwards\":{},\"connections_active\":{},\"steering\":{},\"steering_entries\":{},\"steering_error\":{},\"late_accepts\":{},\"abandoned\":{{\"cancel_timeout\":{},\"control_failed\":{}}},\"fallbacks\":{{",
         match g.cfg.mechanism {
             crate::config::Mechanism::Relay => "relay",
             crate::config::Mechanism::Handoff => "handoff",
@@ -490,6 +492,9 @@ pub(crate) fn status_json(shared: &Shared) -> String {
         h.steering_error
             .as_deref()
             .map_or("null".to_owned(), json_string),
+        h.metrics.late_accepts.get(),
+        h.metrics.abandoned_for("cancel_timeout"),
+        h.metrics.abandoned_for("control_failed"),
     );
     for (i, (reason, n)) in h.fallbacks().enumerate() {
         let _ = write!(s, "{}\"{reason}\":{n}", if i > 0 { "," } else { "" });

@@ -311,10 +311,22 @@ impl Client {
                         peer: self.peer,
                         preread: pre,
                     };
-                    let r = handoff::hand_off(&self.shared, offer).await;
-                    match r {
-                        Ok(()) => return Some(End::HandedOff),
-                        Err(_) => self.relay_only = true,
+                    match handoff::hand_off(&self.shared, offer).await {
+                        handoff::Offered::Moved => return Some(End::HandedOff),
+                        handoff::Offered::Relay => self.relay_only = true,
+                        handoff::Offered::Abandoned => {
+                            // The node may be serving it: close without a word.
+                            if let Some(n) = choice.policy_node {
+                                gen.policy.lock().post_request(
+                                    self.id,
+                                    n,
+                                    &Outcome::failed(),
+                                    self.shared.now(),
+                                );
+                            }
+                            self.shared.freed.notify_one();
+                            return Some(End::Broken);
+                        }
                     }
                 }
             }
