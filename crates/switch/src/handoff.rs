@@ -177,6 +177,12 @@ struct Pending {
     first: Option<Instant>,
     /// The one answer for the connection's mover.
     tx: oneshot::Sender<Event>,
+    /// Which offer of the connection this is: a connection handed back and passed on gets a
+    /// new entry under the same id while the mover of the previous offer may still be
+    /// finishing, and that one must not take the new entry away.
+    offer: u64,
+    /// The control address the `Create` went to: only that node's answers are for it.
+    via: ControlAddr,
 }
 
 /// A connection that lives on a node.
@@ -316,6 +322,28 @@ impl Handoffs {
                 return;
             };
             self.unsteer(&flow, id);
+        }
+    }
+
+    /// Take offer `offer` of connection `id` out of the waiting table; false if an answer
+    /// (or the end of the control connection) took it first.
+    fn withdraw(&self, id: u64, offer: u64) -> bool {
+        let mut pending = self.pending.lock();
+        match pending.get(&id) {
+            Some(p) if p.offer == offer => pending.remove(&id).is_some(),
+            _ => false,
+        }
+    }
+
+    /// The waiting offer of connection `id` if it went to node `b`: an answer about `id` from
+    /// another node (one the connection left before it came back and was passed on) is not
+    /// for it.
+    fn take_pending(&self, id: u64, b: &Backend) -> Option<Pending> {
+        let via = b.control.as_deref().map(|c| &c.addr);
+        let mut pending = self.pending.lock();
+        match pending.get(&id) {
+            Some(p) if Some(&p.via) == via => pending.remove(&id),
+            _ => None,
         }
     }
 
@@ -466,7 +494,17 @@ async fn send_offer(
     timeout: Duration,
 ) -> Moved {
     let (tx, rx) = oneshot::channel();
-    h.pending.lock().insert(id, Pending { node, first, tx });
+    let offer = h.next_id.fetch_add(1, Relaxed);
+    h.pending.lock().insert(
+        id,
+        Pending {
+            node,
+            first,
+            tx,
+            offer,
+            via: ctl.addr.clone(),
+        },
+    );
     let now = tokio::time::Instant::now().into_std();
     let mut m = Mover::new(id, MoverConfig::symmetric(timeout), now);
     if !ctl.send(create, fd) {
@@ -480,10 +518,10 @@ async fn send_offer(
             ctl.send(frame, None);
         },
         // Taking the entry out fences the expiry against an answer read meanwhile.
-        || h.pending.lock().remove(&id).is_some(),
+        || h.withdraw(id, offer),
     )
     .await;
-    h.pending.lock().remove(&id);
+    h.withdraw(id, offer);
     outcome
 }
 
@@ -859,8 +897,11 @@ fn on_message(shared: &Arc<Shared>, b: &Arc<Backend>, m: Message, fd: Option<Own
     let h = &shared.handoffs;
     match m {
         Message::Accepted { id } => {
-            let pending = h.pending.lock().remove(&id);
-            if let Some(Pending { node, first, tx }) = pending {
+            let pending = h.take_pending(id, b);
+            if let Some(Pending {
+                node, first, tx, ..
+            }) = pending
+            {
                 // The node may ask about the next request (or report this one served) before
                 // the waiting task runs: the connection is on `node` from now on, and counted
                 // here, in order with the node's later reports.
@@ -882,7 +923,7 @@ fn on_message(shared: &Arc<Shared>, b: &Arc<Backend>, m: Message, fd: Option<Own
             }
         }
         Message::Drop { id, reason, detail } => {
-            if let Some(Pending { tx, .. }) = h.pending.lock().remove(&id) {
+            if let Some(Pending { tx, .. }) = h.take_pending(id, b) {
                 tracing::debug!(id, ?reason, %detail, "node dropped a handoff");
                 let _ = tx.send(Event::Dropped(reason));
             } else if let Some(c) = h.conns.lock().remove(&id) {
