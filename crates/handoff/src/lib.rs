@@ -14,9 +14,8 @@
 //! * [`proto`]: the control protocol over persistent switch–node streams, in
 //!   the spirit of seed 004 §4.3's THOP: `Create` (THOP_CREATE), `Closed`
 //!   (THOP_NOTIFYCLS), `Drop` (THOP_NOTIFYDROP), plus `Accepted`, `HandBack`
-//!   (multiple handoff, seed 003 §7.2 and seed 000 §3.1.3), `Load` (the
-//!   distributed load monitor pushed on events, seed 004 §2.2) and
-//!   `Ping`/`Pong`.
+//!   (multiple handoff, seed 003 §7.2 and seed 000 §3.1.3), `Route`/`Routed`/
+//!   `Served` (persistent connections routed per request) and `Ping`/`Pong`.
 //! * [`fdpass`]: same host. The switch passes the accepted socket itself to
 //!   the node process (`SCM_RIGHTS`) with the bytes it already read. No
 //!   privileges needed.

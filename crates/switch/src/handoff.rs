@@ -850,19 +850,6 @@ fn on_message(shared: &Arc<Shared>, b: &Arc<Backend>, m: Message, fd: Option<Own
             let sh = shared.clone();
             tokio::spawn(async move { pass_on(sh, id, transfer, fd, preread).await });
         }
-        Message::Load(l) => {
-            let g = shared.current();
-            if let Some(i) = g.index_of(b) {
-                let report = switchyard_policy::LoadReport {
-                    active_connections: l.active_connections,
-                    disk_queue: l.disk_queue,
-                    cache_hits: l.cache_hits,
-                    cache_misses: l.cache_misses,
-                    bytes_out: l.bytes_out,
-                };
-                crate::report::take(shared, &g, i, report);
-            }
-        }
         Message::Ping { nonce } => {
             if let Some(ctl) = &b.control {
                 ctl.send(Message::Pong { nonce }, None);
