@@ -629,6 +629,7 @@ async fn session(
                     if !hello {
                         expect_hello(&m, b, ctl, &tx)?;
                         hello = true;
+                        shared.control_up.notify_waiters();
                         continue;
                     }
                     on_message(shared, b, m, fd)

@@ -163,6 +163,8 @@ pub(crate) struct Shared {
     pub stop: watch::Receiver<bool>,
     /// Signalled whenever a request finishes or a node comes up: queued requests try again.
     pub freed: Notify,
+    /// Signalled whenever a node's handoff control connection comes up.
+    pub control_up: Notify,
     pub queue_len: AtomicUsize,
     pub next_conn: AtomicU64,
     /// Client connection slots.
@@ -297,21 +299,22 @@ impl RunningSwitch {
     /// Wait until every node with a handoff control address has its control connection up, at
     /// most `limit`; false if some are still down then (their connections are relayed).
     pub async fn wait_for_controls(&self, limit: Duration) -> bool {
-        let until = Instant::now() + limit;
-        loop {
-            let g = self.shared.current();
-            let ready = g
-                .nodes
-                .iter()
-                .all(|b| b.control.as_ref().is_none_or(|c| c.is_up()));
-            if ready {
-                return true;
+        let ready = async {
+            loop {
+                // Enabled before the check, so a connection that comes up in between wakes it.
+                let mut up = std::pin::pin!(self.shared.control_up.notified());
+                up.as_mut().enable();
+                let g = self.shared.current();
+                if g.nodes
+                    .iter()
+                    .all(|b| b.control.as_ref().is_none_or(|c| c.is_up()))
+                {
+                    return;
+                }
+                up.await;
             }
-            if Instant::now() >= until {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        };
+        tokio::time::timeout(limit, ready).await.is_ok()
     }
 
     /// The policy's counters (a snapshot).
@@ -541,6 +544,7 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
         metrics: SwitchMetrics::default(),
         stop: stop_rx.clone(),
         freed: Notify::new(),
+        control_up: Notify::new(),
         queue_len: AtomicUsize::new(0),
         next_conn: AtomicU64::new(1),
         slots: Arc::new(Semaphore::new(max)),
