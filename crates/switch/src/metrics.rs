@@ -476,10 +476,7 @@ pub(crate) fn status_json(shared: &Shared) -> String {
     let _ = write!(
         s,
         "],\"mechanism\":\"{}\",\"handoff\":{{\"fd\":{},\"repair\":{},\"hand_backs\":{},\"backend_forwards\":{},\"connections_active\":{},\"steering\":{},\"steering_entries\":{},\"steering_error\":{},\"fallbacks\":{{",
-        match g.cfg.mechanism {
-            crate::config::Mechanism::Relay => "relay",
-            crate::config::Mechanism::Handoff => "handoff",
-        },
+        g.cfg.mechanism.as_str(),
         h.metrics.handoffs_fd.get(),
         h.metrics.handoffs_repair.get(),
         h.metrics.hand_backs.get(),
