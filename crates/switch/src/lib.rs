@@ -317,6 +317,11 @@ impl RunningSwitch {
         tokio::time::timeout(limit, ready).await.is_ok()
     }
 
+    /// What `/status.json` shows: nodes, policy counters, one-way delivery.
+    pub fn status(&self) -> switchyard_admin::status::SwitchStatus {
+        metrics::status(&self.shared)
+    }
+
     /// The policy's counters (a snapshot).
     pub fn policy_stats(&self) -> switchyard_policy::PolicyStats {
         self.shared.current().policy.lock().stats()
