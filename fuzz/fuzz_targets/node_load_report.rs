@@ -4,11 +4,11 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use switchyard_node::report::Report;
+use switchyard_runtime::report::Datagram;
 
 fuzz_target!(|data: &[u8]| {
-    if let Some(r) = Report::decode(data) {
-        let text = r.encode();
-        assert_eq!(Report::decode(text.as_bytes()), Some(r));
+    if let Some(d) = Datagram::decode(data) {
+        let text = d.encode();
+        assert_eq!(Datagram::decode(text.as_bytes()), Some(d));
     }
 });

@@ -8,6 +8,7 @@
 //! limits and the same answers to bad input.
 
 pub mod encode;
+pub mod status;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

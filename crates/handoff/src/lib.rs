@@ -14,10 +14,9 @@
 //! * [`proto`]: the control protocol over persistent switch–node streams, in
 //!   the spirit of seed 004 §4.3's THOP: `Create` (THOP_CREATE), `Closed`
 //!   (THOP_NOTIFYCLS), `Drop` (THOP_NOTIFYDROP), plus `Accepted`, `HandBack`
-//!   (multiple handoff, seed 003 §7.2 and seed 000 §3.1.3), `Load` (the
-//!   distributed load monitor pushed on events, seed 004 §2.2), `Cancel`
-//!   (the sender gave up waiting and asks for the one answer) and
-//!   `Ping`/`Pong`.
+//!   (multiple handoff, seed 003 §7.2 and seed 000 §3.1.3), `Route`/`Routed`/
+//!   `Served` (persistent connections routed per request), `Cancel` (the
+//!   sender gave up waiting and asks for the one answer) and `Ping`/`Pong`.
 //! * [`mover`] and [`taker`]: the two ends of one handoff as state machines
 //!   with time passed in (no I/O, no clock), and [`mover::drive`], the thin
 //!   driver on tokio's clock. The mover's docs give the argument why a

@@ -140,22 +140,6 @@ pub enum RouteAction {
     HandBack,
 }
 
-/// Load report of the distributed load monitor (seed 004 §2.2), pushed on
-/// events rather than on a timer.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LoadReport {
-    /// Connections the node serves now.
-    pub active_connections: u32,
-    /// Reads queued on the (emulated) disk.
-    pub disk_queue: u32,
-    /// Cache hits since start.
-    pub cache_hits: u64,
-    /// Cache misses since start.
-    pub cache_misses: u64,
-    /// Response bytes sent since start.
-    pub bytes_out: u64,
-}
-
 /// One control message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
@@ -218,8 +202,6 @@ pub enum Message {
         /// Response bytes the node sent on it.
         bytes: u64,
     },
-    /// Node → switch: load report.
-    Load(LoadReport),
     /// Node → switch: the next request on a connection created with
     /// `route`; the node waits for the `Routed` answer before serving it.
     Route {
@@ -283,7 +265,7 @@ mod op {
     pub const DROP: u8 = 4;
     pub const CLOSED: u8 = 5;
     pub const HANDBACK: u8 = 6;
-    pub const LOAD: u8 = 7;
+    // 7 was a load report; load reports travel as UDP datagrams. Not reused.
     pub const PING: u8 = 8;
     pub const PONG: u8 = 9;
     pub const ROUTE: u8 = 10;
@@ -310,7 +292,6 @@ impl Message {
             Message::Drop { .. } => op::DROP,
             Message::Closed { .. } => op::CLOSED,
             Message::HandBack { .. } => op::HANDBACK,
-            Message::Load(_) => op::LOAD,
             Message::Ping { .. } => op::PING,
             Message::Pong { .. } => op::PONG,
             Message::Route { .. } => op::ROUTE,
@@ -429,13 +410,6 @@ impl Message {
                 put_u64(o, *requests);
                 put_u64(o, *bytes);
             }
-            Message::Load(l) => {
-                put_u32(o, l.active_connections);
-                put_u32(o, l.disk_queue);
-                put_u64(o, l.cache_hits);
-                put_u64(o, l.cache_misses);
-                put_u64(o, l.bytes_out);
-            }
             Message::Ping { nonce } | Message::Pong { nonce } => put_u64(o, *nonce),
             Message::Route {
                 id,
@@ -522,13 +496,6 @@ impl Message {
                 requests: r.u64("requests")?,
                 bytes: r.u64("bytes")?,
             },
-            op::LOAD => Message::Load(LoadReport {
-                active_connections: r.u32("load")?,
-                disk_queue: r.u32("load")?,
-                cache_hits: r.u64("load")?,
-                cache_misses: r.u64("load")?,
-                bytes_out: r.u64("load")?,
-            }),
             op::PING => Message::Ping {
                 nonce: r.u64("nonce")?,
             },

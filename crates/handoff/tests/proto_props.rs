@@ -5,9 +5,7 @@
 use proptest::prelude::*;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
-use switchyard_handoff::proto::{
-    DropReason, FrameBuffer, LoadReport, Message, RouteAction, Transfer,
-};
+use switchyard_handoff::proto::{DropReason, FrameBuffer, Message, RouteAction, Transfer};
 use switchyard_handoff::repair::{RepairState, RepairWindow};
 
 fn addr() -> impl Strategy<Value = SocketAddr> {
@@ -150,13 +148,6 @@ fn message() -> impl Strategy<Value = Message> {
                 bytes
             }
         ),
-        any::<(u32, u32, u64, u64, u64)>().prop_map(|(a, d, h, m, b)| Message::Load(LoadReport {
-            active_connections: a,
-            disk_queue: d,
-            cache_hits: h,
-            cache_misses: m,
-            bytes_out: b
-        })),
         any::<u64>().prop_map(|nonce| Message::Ping { nonce }),
         any::<u64>().prop_map(|nonce| Message::Pong { nonce }),
     ]

@@ -24,11 +24,11 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use bytes::{Buf, Bytes, BytesMut};
 use nix::sys::socket::{recv, send, MsgFlags};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::timeout_at;
@@ -43,9 +43,9 @@ use switchyard_http::response::{DateCache, ResponseHead};
 use crate::forward;
 use crate::fs::FileInfo;
 use crate::handoff::{Dispatch, Step};
-use crate::idle::{wait_for_bytes, Wait};
 use crate::store::{CachedObject, Content, Resolved};
 use crate::Ctx;
+use switchyard_runtime::idle::{wait_for_bytes, Wait};
 
 /// Buffered responses are flushed once this much is pending.
 const FLUSH_AT: usize = 64 * 1024;
@@ -579,13 +579,7 @@ impl Conn<'_> {
 
     /// Read whatever is available into `buf`, waiting until `until`.
     async fn fill(&mut self, until: tokio::time::Instant) -> io::Result<usize> {
-        if self.buf.capacity() - self.buf.len() < 1024 {
-            self.buf.reserve(4096);
-        }
-        match timeout_at(until, self.stream.read_buf(&mut self.buf)).await {
-            Ok(r) => r,
-            Err(_) => Err(io::ErrorKind::TimedOut.into()),
-        }
+        switchyard_runtime::close::fill(&mut self.stream, &mut self.buf, until).await
     }
 
     /// Read and drop a request body (GET and HEAD bodies carry no meaning).
@@ -875,16 +869,7 @@ impl Conn<'_> {
     /// sends for a moment, so that our last response is not destroyed by a
     /// reset caused by unread data (a "lingering close").
     async fn linger(&mut self) {
-        let _ = self.stream.shutdown().await;
-        let until = tokio::time::Instant::now() + Duration::from_secs(2);
-        let mut scratch = [0u8; 4096];
-        let mut budget = 256 * 1024usize;
-        while budget > 0 {
-            match timeout_at(until, self.stream.read(&mut scratch)).await {
-                Ok(Ok(n)) if n > 0 => budget = budget.saturating_sub(n),
-                _ => break,
-            }
-        }
+        switchyard_runtime::close::linger(&mut self.stream).await;
     }
 }
 

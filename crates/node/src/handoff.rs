@@ -43,14 +43,14 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use parking_lot::{Mutex, RwLock};
 use tokio::net::{TcpListener, TcpStream, UnixListener};
 use tokio::runtime::Handle;
-use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 use switchyard_handoff::fdpass::{self, ControlReader, ControlWriter, Outgoing, MAX_BATCH};
@@ -59,6 +59,7 @@ use switchyard_handoff::proto::{MAX_STRING, MAX_TARGET};
 use switchyard_handoff::taker::Taker;
 use switchyard_handoff::{repair, HandoffError};
 use switchyard_http::request::RequestHead;
+use switchyard_runtime::{Live, WeakLive};
 
 use crate::conn::{self, ConnStats, Outcome};
 use crate::metrics::{HandoffMetrics, NodeMetrics};
@@ -76,7 +77,7 @@ const WORKER_START_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A worker thread's runtime and the handle that keeps it draining while a
 /// connection is open (weak: a worker that has finished takes no more).
-type WorkerSlot = (Handle, Weak<()>);
+type WorkerSlot = (Handle, WeakLive);
 
 /// What every control connection of a node shares.
 pub(crate) struct Receiver {
@@ -89,28 +90,34 @@ pub(crate) struct Receiver {
     next: AtomicUsize,
 }
 
-/// The worker threads' runtimes, registered by each worker when it starts.
+/// The worker threads' runtimes, registered by each worker when it starts;
+/// the `Notify` wakes whoever waits for them to be registered.
 #[derive(Clone, Default)]
-pub(crate) struct WorkerRegistry(Arc<RwLock<Vec<WorkerSlot>>>);
+pub(crate) struct WorkerRegistry(Arc<RwLock<Vec<WorkerSlot>>>, Arc<Notify>);
 
 impl WorkerRegistry {
     /// Called on a worker thread, inside its runtime.
-    pub(crate) fn register(&self, live: &crate::workers::Live) {
-        self.0
-            .write()
-            .push((Handle::current(), Arc::downgrade(live)));
+    pub(crate) fn register(&self, live: &Live) {
+        self.0.write().push((Handle::current(), live.downgrade()));
+        self.1.notify_waiters();
     }
 
     /// Wait until `n` workers have registered.
     pub(crate) async fn wait_for(&self, n: usize) -> bool {
-        let deadline = Instant::now() + WORKER_START_TIMEOUT;
-        while self.0.read().len() < n {
-            if Instant::now() >= deadline {
-                return false;
+        let registered = async {
+            loop {
+                // Enabled before the check, so a registration in between wakes it.
+                let mut notified = std::pin::pin!(self.1.notified());
+                notified.as_mut().enable();
+                if self.0.read().len() >= n {
+                    return;
+                }
+                notified.await;
             }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        true
+        };
+        tokio::time::timeout(WORKER_START_TIMEOUT, registered)
+            .await
+            .is_ok()
     }
 }
 
@@ -144,14 +151,14 @@ impl Receiver {
 
     /// The next worker thread that is still running, round robin, with a
     /// handle that keeps it draining while the connection is open.
-    fn pick_worker(&self) -> Option<(Handle, crate::workers::Live)> {
+    fn pick_worker(&self) -> Option<(Handle, Live)> {
         pick(&self.workers.read(), self.next.fetch_add(1, Relaxed))
     }
 }
 
 /// The first running worker from `start` on (round robin when `start`
 /// counts up).
-fn pick(workers: &[WorkerSlot], start: usize) -> Option<(Handle, crate::workers::Live)> {
+fn pick(workers: &[WorkerSlot], start: usize) -> Option<(Handle, Live)> {
     let n = workers.len();
     (0..n).find_map(|k| {
         let (h, live) = &workers[(start + k) % n];
@@ -450,7 +457,6 @@ fn name_of(m: &Message) -> &'static str {
         Message::Drop { .. } => "Drop",
         Message::Closed { .. } => "Closed",
         Message::HandBack { .. } => "HandBack",
-        Message::Load(_) => "Load",
         Message::Route { .. } => "Route",
         Message::Routed { .. } => "Routed",
         Message::Served { .. } => "Served",
@@ -1087,11 +1093,11 @@ mod tests {
                     .unwrap()
             })
             .collect();
-        let lives: Vec<crate::workers::Live> = (0..3).map(|_| Arc::new(())).collect();
+        let lives: Vec<Live> = (0..3).map(|_| Live::new()).collect();
         let slots: Vec<WorkerSlot> = rts
             .iter()
             .zip(&lives)
-            .map(|(rt, l)| (rt.handle().clone(), Arc::downgrade(l)))
+            .map(|(rt, l)| (rt.handle().clone(), l.downgrade()))
             .collect();
         let id = |start| pick(&slots, start).map(|(h, _)| h.id());
         let ids: Vec<_> = rts.iter().map(|r| Some(r.handle().id())).collect();

@@ -25,11 +25,9 @@ pub mod disk;
 mod forward;
 pub mod fs;
 mod handoff;
-pub mod idle;
 pub mod metrics;
 pub mod report;
 pub mod store;
-pub mod workers;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -39,6 +37,8 @@ use std::time::Duration;
 use prometheus_client::registry::Registry;
 use switchyard_admin::Admin;
 use switchyard_http::request::Limits;
+use switchyard_runtime::accept::{accept_loop, AcceptStats, Incoming, WhenFull};
+use switchyard_runtime::{listen::listen_reuseport, Live, Workers};
 use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
@@ -47,7 +47,6 @@ use tokio::task::JoinHandle;
 pub use config::{DiskConfig, NodeConfig};
 pub use metrics::NodeMetrics;
 pub use store::Store;
-use workers::{Live, Workers};
 
 /// Errors that stop a node from starting.
 #[derive(Debug, Error)]
@@ -153,27 +152,6 @@ fn limits(cfg: &NodeConfig) -> Limits {
     }
 }
 
-/// A listening socket with a deep accept queue, on the current runtime.
-pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::from_std(listen_std(addr, false)?)
-}
-
-/// A non-blocking listening socket with a deep accept queue; with
-/// `reuse_port`, several sockets share the address and the kernel spreads
-/// new connections over them.
-pub fn listen_std(addr: SocketAddr, reuse_port: bool) -> std::io::Result<std::net::TcpListener> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-    socket.set_reuse_address(true)?;
-    if reuse_port {
-        socket.set_reuse_port(true)?;
-    }
-    socket.set_nonblocking(true)?;
-    socket.bind(&addr.into())?;
-    socket.listen(4096)?;
-    Ok(socket.into())
-}
-
 /// Bind the node's listeners and start serving.
 ///
 /// The node runs thread-per-core, like the event-loop servers it is
@@ -200,17 +178,8 @@ pub async fn start(cfg: NodeConfig) -> Result<RunningNode, NodeError> {
         addr: cfg.listen,
         source,
     };
-    let workers = match cfg.workers {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        n => n,
-    };
-    // The first socket fixes the port (the configured one may be 0).
-    let first = listen_std(cfg.listen, true).map_err(bind_err)?;
-    let addr = first.local_addr().map_err(bind_err)?;
-    let mut listeners = vec![first];
-    for _ in 1..workers {
-        listeners.push(listen_std(addr, true).map_err(bind_err)?);
-    }
+    let workers = switchyard_runtime::listen::worker_count(cfg.workers);
+    let (addr, listeners) = listen_reuseport(cfg.listen, workers).map_err(bind_err)?;
     let (stop, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();
 
@@ -250,6 +219,7 @@ pub async fn start(cfg: NodeConfig) -> Result<RunningNode, NodeError> {
         slots: slots.clone(),
         stop: stop_rx.clone(),
         reporter: reporter.clone(),
+        accepts: AcceptStats::default(),
     });
     let registry = handoff::WorkerRegistry::default();
     let reg = registry.clone();
@@ -376,43 +346,49 @@ struct Worker {
     slots: Arc<Semaphore>,
     stop: watch::Receiver<bool>,
     reporter: Option<Arc<report::Reporter>>,
+    accepts: AcceptStats,
 }
 
 impl Worker {
+    /// New clients wait in the kernel's accept queue while every slot is taken.
     async fn accept_loop(&self, listener: &TcpListener, live: &Live) {
         use std::sync::atomic::Ordering::Relaxed;
-        loop {
-            let Ok(permit) = self.slots.clone().acquire_owned().await else {
-                return;
-            };
-            let (stream, peer) = match listener.accept().await {
-                Ok(s) => s,
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    continue;
-                }
-            };
-            tracing::trace!(%peer, "accepted");
-            let ctx = self.ctx.clone();
-            ctx.metrics.connections_total.fetch_add(1, Relaxed);
-            ctx.metrics.connections_active.fetch_add(1, Relaxed);
-            if let Some(r) = &self.reporter {
-                r.event();
-            }
-            let stop = self.stop.clone();
-            let reporter = self.reporter.clone();
-            let live = live.clone();
-            tokio::spawn(async move {
-                conn::serve(ctx.clone(), stream, stop, bytes::BytesMut::new()).await;
-                ctx.metrics.connections_active.fetch_sub(1, Relaxed);
-                if let Some(r) = &reporter {
+        accept_loop(
+            listener,
+            &self.slots,
+            WhenFull::Wait,
+            &self.accepts,
+            |incoming| {
+                let Incoming::Admitted {
+                    stream,
+                    peer,
+                    slot: permit,
+                } = incoming
+                else {
+                    // `WhenFull::Wait` hands over only connections with a slot.
+                    return;
+                };
+                tracing::trace!(%peer, "accepted");
+                let ctx = self.ctx.clone();
+                ctx.metrics.connections_total.fetch_add(1, Relaxed);
+                ctx.metrics.connections_active.fetch_add(1, Relaxed);
+                if let Some(r) = &self.reporter {
                     r.event();
                 }
-                drop(permit);
-                drop(live);
-            });
-        }
+                let stop = self.stop.clone();
+                let reporter = self.reporter.clone();
+                let live = live.clone();
+                tokio::spawn(async move {
+                    conn::serve(ctx.clone(), stream, stop, bytes::BytesMut::new()).await;
+                    ctx.metrics.connections_active.fetch_sub(1, Relaxed);
+                    if let Some(r) = &reporter {
+                        r.event();
+                    }
+                    drop(permit);
+                    drop(live);
+                });
+            },
+        )
+        .await;
     }
 }

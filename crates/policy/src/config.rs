@@ -94,11 +94,11 @@ impl<'de> Deserialize<'de> for PolicyKind {
     }
 }
 
-/// How `ext-lard` serves a request that should come from a node other than the one handling the
-/// connection (seed 003 §3.2, §3.3, §5).
+/// How `ext-lard` routes a request on a persistent connection that should come from a node other
+/// than the one handling the connection (seed 003 §3.2, §3.3, §5; config key `mechanism`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Mechanism {
+pub enum PersistentRouting {
     /// Back-end forwarding: the handling node fetches from the caching node.
     #[default]
     Forward,
@@ -185,7 +185,7 @@ pub struct PolicyConfig {
     /// `ext-lard`: how a request is served from a node other than the handling node. Default
     /// `forward`.
     #[serde(default)]
-    pub mechanism: Mechanism,
+    pub mechanism: PersistentRouting,
     /// `ext-lard` with `mechanism = "auto"`: smallest size hint for which the connection is handed
     /// off rather than the response forwarded. Default 12288 (seed 003 §5, Apache crossover).
     #[serde(default = "d_handoff_min")]
@@ -259,7 +259,7 @@ impl PolicyConfig {
             disk_queue_threshold: d_disk_queue(),
             lard_r_shrink_secs: d_k(),
             batch_gap_ms: d_batch_gap(),
-            mechanism: Mechanism::default(),
+            mechanism: PersistentRouting::default(),
             handoff_min_bytes: d_handoff_min(),
             classes: Vec::new(),
             default_class: d_default_class(),
@@ -413,7 +413,7 @@ mod tests {
         assert_eq!(cfg.disk_queue_threshold, 5);
         assert_eq!(cfg.lard_r_shrink(), Duration::from_secs(20));
         assert_eq!(cfg.classes.len(), 2);
-        assert_eq!(cfg.mechanism, Mechanism::Auto);
+        assert_eq!(cfg.mechanism, PersistentRouting::Auto);
         assert_eq!(cfg.load_source, LoadSource::Max);
         assert!(build(&cfg).is_ok());
     }

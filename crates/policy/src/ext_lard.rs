@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::config::{Mechanism, PolicyConfig};
+use crate::config::{PersistentRouting, PolicyConfig};
 use crate::core::{Basis, Core, Pick, Strategy, INF, UNIT};
 use crate::lard::{choose, fill_table_stats, mapped_ids, Costs};
 use crate::targets::TargetTable;
@@ -36,7 +36,7 @@ fn release(core: &mut Core, charges: &mut Vec<(usize, u64)>) {
 pub(crate) struct ExtLard {
     costs: Costs,
     disk_threshold: u32,
-    mechanism: Mechanism,
+    mechanism: PersistentRouting,
     handoff_min: u64,
     batch_gap: Duration,
     table: TargetTable,
@@ -79,9 +79,9 @@ impl ExtLard {
 
     fn use_handoff(&self, req: &Request<'_>) -> bool {
         match self.mechanism {
-            Mechanism::Forward => false,
-            Mechanism::Handoff => true,
-            Mechanism::Auto => req.size_hint.is_some_and(|s| s >= self.handoff_min),
+            PersistentRouting::Forward => false,
+            PersistentRouting::Handoff => true,
+            PersistentRouting::Auto => req.size_hint.is_some_and(|s| s >= self.handoff_min),
         }
     }
 }
@@ -383,7 +383,7 @@ mod tests {
     #[test]
     fn handoff_mechanism_moves_the_connection() {
         let mut cfg = PolicyConfig::new(PolicyKind::ExtLard);
-        cfg.mechanism = crate::Mechanism::Auto;
+        cfg.mechanism = crate::PersistentRouting::Auto;
         let mut p = crate::build(&cfg).unwrap();
         p.init(&nodes(3), T0).unwrap();
         let owner = place(&mut *p, 10, "/big");

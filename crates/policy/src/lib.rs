@@ -104,13 +104,17 @@ mod ext_lard;
 mod hash;
 mod lard;
 mod lc;
+mod mechanism;
 mod rr;
 mod targets;
 mod types;
 mod wrr;
 
-pub use config::{build, ClassSpec, LoadSource, Mechanism, PolicyConfig, PolicyKind, WeightSpec};
+pub use config::{
+    build, ClassSpec, LoadSource, PersistentRouting, PolicyConfig, PolicyKind, WeightSpec,
+};
 pub use error::PolicyError;
+pub use mechanism::Mechanism;
 pub use types::{
     ConnId, Decision, LoadReport, NodeId, NodeSpec, NodeStats, Outcome, PolicyStats, Reject,
     Request, RequestClass,

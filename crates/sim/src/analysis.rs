@@ -27,7 +27,7 @@ use switchyard_policy::{
     Reject, Request, RequestClass,
 };
 
-use crate::config::{CpuCosts, DiskCosts, Mechanism, SimConfig};
+use crate::config::{CpuCosts, DiskCosts, RequestDistribution, SimConfig};
 use crate::plot::{Chart, Line};
 use crate::sim::simulate_with_policy;
 use crate::workload::{Http, SimWorkload, Targets};
@@ -272,9 +272,9 @@ pub fn crossover(spec: &CrossoverSpec) -> Result<Crossover, SimError> {
         let run = |handoff: bool| -> Result<f64, SimError> {
             let mut c = spec.base.clone();
             c.mechanism = if handoff {
-                Mechanism::Handoff
+                RequestDistribution::Handoff
             } else {
-                Mechanism::Forward
+                RequestDistribution::Forward
             };
             // The analysis is about CPU costs: every response comes from memory.
             c.disk = DiskCosts {
@@ -418,7 +418,8 @@ mod tests {
 
     #[test]
     fn simulated_crossover_is_near_the_closed_form() {
-        let base = SimConfig::new(4, PolicyKind::Rr, Mechanism::Forward).with_preset(Preset::Flash);
+        let base = SimConfig::new(4, PolicyKind::Rr, RequestDistribution::Forward)
+            .with_preset(Preset::Flash);
         let mut spec = CrossoverSpec::paper(base);
         spec.sizes_kb = vec![4.0, 5.0, 6.0, 7.0, 8.0];
         spec.connections = 1000;

@@ -24,7 +24,7 @@ use switchyard_policy::PolicyKind;
 use switchyard_trace::{synthesize, SessionConfig, TargetKey, Workload};
 
 use crate::analysis::{crossover, crossover_chart, CrossoverSpec};
-use crate::config::{Mechanism, Pipelining, Preset, SimConfig, DEFAULT_CACHE_BYTES};
+use crate::config::{Pipelining, Preset, RequestDistribution, SimConfig, DEFAULT_CACHE_BYTES};
 use crate::paper::{findings_markdown, run_paper, write_dir, PaperSpec};
 use crate::plot::{svg, throughput_chart};
 use crate::report::{describe, write_nodes_csv, write_runs_csv};
@@ -174,9 +174,9 @@ pub struct RunArgs {
     /// Dispatching policy: rr wrr lc chash lard lard-r ext-lard cap.
     #[arg(long, default_value = "lard")]
     pub policy: String,
-    /// Mechanism: single, handoff, forward, relay, ideal.
-    #[arg(long, value_enum, default_value_t = Mechanism::Single)]
-    pub mechanism: Mechanism,
+    /// RequestDistribution: single, handoff, forward, relay, ideal.
+    #[arg(long, value_enum, default_value_t = RequestDistribution::Single)]
+    pub mechanism: RequestDistribution,
     /// HTTP shape of the workload: 1.0 or 1.1.
     #[arg(long, default_value = "1.0")]
     pub http: String,
@@ -371,7 +371,8 @@ fn load(w: &WorkloadArgs) -> Result<Loaded, SimError> {
 }
 
 fn base_config(c: &ClusterArgs, scale: f64) -> Result<SimConfig, SimError> {
-    let mut cfg = SimConfig::new(1, PolicyKind::Lard, Mechanism::Single).with_preset(c.preset);
+    let mut cfg =
+        SimConfig::new(1, PolicyKind::Lard, RequestDistribution::Single).with_preset(c.preset);
     let mut custom = false;
     let mut set = |slot: &mut f64, v: Option<f64>| {
         if let Some(v) = v {

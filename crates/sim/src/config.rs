@@ -216,7 +216,7 @@ impl fmt::Display for Preset {
 /// How requests reach the node the policy chose (seed 003 §3, §6.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
-pub enum Mechanism {
+pub enum RequestDistribution {
     /// TCP single handoff: the policy places each connection once, on its first request; every
     /// request on it is served by that node (HTTP/1.0, or "simple" persistent connections).
     Single,
@@ -233,43 +233,43 @@ pub enum Mechanism {
     Ideal,
 }
 
-impl Mechanism {
+impl RequestDistribution {
     /// Every mechanism.
-    pub const ALL: [Mechanism; 5] = [
-        Mechanism::Single,
-        Mechanism::Handoff,
-        Mechanism::Forward,
-        Mechanism::Relay,
-        Mechanism::Ideal,
+    pub const ALL: [RequestDistribution; 5] = [
+        RequestDistribution::Single,
+        RequestDistribution::Handoff,
+        RequestDistribution::Forward,
+        RequestDistribution::Relay,
+        RequestDistribution::Ideal,
     ];
 
     /// Its name.
     pub fn as_str(self) -> &'static str {
         match self {
-            Mechanism::Single => "single",
-            Mechanism::Handoff => "handoff",
-            Mechanism::Forward => "forward",
-            Mechanism::Relay => "relay",
-            Mechanism::Ideal => "ideal",
+            RequestDistribution::Single => "single",
+            RequestDistribution::Handoff => "handoff",
+            RequestDistribution::Forward => "forward",
+            RequestDistribution::Relay => "relay",
+            RequestDistribution::Ideal => "ideal",
         }
     }
 
     /// Whether the policy is consulted for every request (all but single handoff).
     pub fn per_request(self) -> bool {
-        self != Mechanism::Single
+        self != RequestDistribution::Single
     }
 }
 
-impl fmt::Display for Mechanism {
+impl fmt::Display for RequestDistribution {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
 }
 
-impl FromStr for Mechanism {
+impl FromStr for RequestDistribution {
     type Err = SimError;
     fn from_str(s: &str) -> Result<Self, SimError> {
-        Mechanism::ALL
+        RequestDistribution::ALL
             .into_iter()
             .find(|m| m.as_str().eq_ignore_ascii_case(s.trim()))
             .ok_or_else(|| {
@@ -318,7 +318,7 @@ pub struct SimConfig {
     /// simulated instant and the next batch only after the previous one is answered.
     pub policy: PolicyConfig,
     /// How requests reach the chosen node.
-    pub mechanism: Mechanism,
+    pub mechanism: RequestDistribution,
     /// How the requests of a pipelined batch are worked through.
     pub pipelining: Pipelining,
     /// Name of the CPU cost preset, for reports (`custom` when costs were changed).
@@ -349,7 +349,7 @@ pub struct SimConfig {
 impl SimConfig {
     /// A cluster of `nodes` nodes with the given policy and mechanism, Apache costs, the default
     /// disk, a free front end and 85 MB LRU caches.
-    pub fn new(nodes: u32, policy: PolicyKind, mechanism: Mechanism) -> Self {
+    pub fn new(nodes: u32, policy: PolicyKind, mechanism: RequestDistribution) -> Self {
         let mut p = PolicyConfig::new(policy);
         // Requests of one pipelined batch reach the front end at the same simulated instant and
         // the next batch only after the previous one is answered, so any gap separates batches.
@@ -435,18 +435,18 @@ mod tests {
 
     #[test]
     fn client_population_is_l_idle_per_node() {
-        let c = SimConfig::new(1, PolicyKind::Lard, Mechanism::Single);
+        let c = SimConfig::new(1, PolicyKind::Lard, RequestDistribution::Single);
         assert_eq!(c.client_population(), 30);
-        let c = SimConfig::new(8, PolicyKind::Wrr, Mechanism::Single);
+        let c = SimConfig::new(8, PolicyKind::Wrr, RequestDistribution::Single);
         assert_eq!(c.client_population(), 240);
-        let mut c = SimConfig::new(8, PolicyKind::Wrr, Mechanism::Single);
+        let mut c = SimConfig::new(8, PolicyKind::Wrr, RequestDistribution::Single);
         c.clients = Some(5);
         assert_eq!(c.client_population(), 5);
     }
 
     #[test]
     fn validation() {
-        let mut c = SimConfig::new(0, PolicyKind::Lard, Mechanism::Single);
+        let mut c = SimConfig::new(0, PolicyKind::Lard, RequestDistribution::Single);
         assert!(c.validate().is_err());
         c.nodes = 2;
         assert!(c.validate().is_ok());
@@ -455,7 +455,10 @@ mod tests {
         c.cpu.request_us = 1.0;
         c.disk.extent_bytes = 0;
         assert!(c.validate().is_err());
-        assert_eq!("Forward".parse::<Mechanism>().unwrap(), Mechanism::Forward);
-        assert!("teleport".parse::<Mechanism>().is_err());
+        assert_eq!(
+            "Forward".parse::<RequestDistribution>().unwrap(),
+            RequestDistribution::Forward
+        );
+        assert!("teleport".parse::<RequestDistribution>().is_err());
     }
 }

@@ -19,7 +19,7 @@
 //!   ([`DiskCosts`]) charges 28 ms of positioning, 410 µs per 4 KB, and 14 ms more per 44 KB
 //!   extent after the first. Only the job at the head of a queue is in service, so the event
 //!   heap never holds more than two events per node.
-//! * **Mechanisms** ([`Mechanism`], seed 003 §3): *single handoff* places each connection once
+//! * **Mechanisms** ([`RequestDistribution`], seed 003 §3): *single handoff* places each connection once
 //!   (HTTP/1.0, or simple persistent connections); *multiple handoff* moves the connection to
 //!   the node the policy chose, at a handoff cost on the receiving node, after the responses
 //!   under way have been sent; *back-end forwarding* leaves the connection where it is and has
@@ -63,7 +63,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use switchyard_policy::PolicyKind;
-//! use switchyard_sim::{simulate, Http, Mechanism, SimConfig, SimWorkload, Targets};
+//! use switchyard_sim::{simulate, Http, RequestDistribution, SimConfig, SimWorkload, Targets};
 //!
 //! let targets = Arc::new(Targets {
 //!     keys: vec!["/a.html".into(), "/b.gif".into()],
@@ -72,7 +72,7 @@
 //! // Two persistent connections: a page, then a pipelined batch of two requests.
 //! let conns = vec![vec![vec![0], vec![1, 1]]; 2];
 //! let w = SimWorkload::from_connections(targets, Http::V11, &conns).unwrap();
-//! let cfg = SimConfig::new(2, PolicyKind::ExtLard, Mechanism::Forward);
+//! let cfg = SimConfig::new(2, PolicyKind::ExtLard, RequestDistribution::Forward);
 //! let r = simulate(&cfg, &w).unwrap();
 //! assert_eq!(r.measured_requests, 6);
 //! assert!(r.throughput > 0.0);
@@ -93,7 +93,7 @@ pub mod sweep;
 pub mod workload;
 
 pub use config::{
-    CpuCosts, DiskCosts, FrontEndCosts, Mechanism, Nanos, Pipelining, Preset, SimConfig,
+    CpuCosts, DiskCosts, FrontEndCosts, Nanos, Pipelining, Preset, RequestDistribution, SimConfig,
     DEFAULT_CACHE_BYTES,
 };
 pub use error::SimError;

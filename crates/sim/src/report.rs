@@ -6,7 +6,7 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
-use crate::config::Mechanism;
+use crate::config::RequestDistribution;
 use crate::workload::Http;
 
 /// Figures of one node over the measured part of a run.
@@ -49,8 +49,8 @@ pub struct RunResult {
     pub label: String,
     /// Policy name.
     pub policy: String,
-    /// Mechanism.
-    pub mechanism: Mechanism,
+    /// RequestDistribution.
+    pub mechanism: RequestDistribution,
     /// HTTP shape of the workload.
     pub http: Http,
     /// Cost preset name.
@@ -243,7 +243,7 @@ mod tests {
         RunResult {
             label: "a,b".into(),
             policy: "lard".into(),
-            mechanism: Mechanism::Single,
+            mechanism: RequestDistribution::Single,
             http: Http::V10,
             preset: "apache".into(),
             nodes: 1,

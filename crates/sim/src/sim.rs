@@ -10,7 +10,7 @@ use switchyard_policy::{
     Request,
 };
 
-use crate::config::{us_to_ns, Mechanism, Nanos, Pipelining, SimConfig};
+use crate::config::{us_to_ns, Nanos, Pipelining, RequestDistribution, SimConfig};
 use crate::engine::EventQueue;
 use crate::report::{NodeResult, RunResult};
 use crate::workload::SimWorkload;
@@ -44,10 +44,10 @@ pub fn simulate_observed(
     let mut pcfg = cfg.policy.clone();
     if pcfg.name == PolicyKind::ExtLard {
         pcfg.mechanism = match cfg.mechanism {
-            Mechanism::Handoff | Mechanism::Ideal | Mechanism::Relay => {
-                switchyard_policy::Mechanism::Handoff
-            }
-            _ => switchyard_policy::Mechanism::Forward,
+            RequestDistribution::Handoff
+            | RequestDistribution::Ideal
+            | RequestDistribution::Relay => switchyard_policy::PersistentRouting::Handoff,
+            _ => switchyard_policy::PersistentRouting::Forward,
         };
     }
     let policy = build(&pcfg)?;
@@ -220,7 +220,7 @@ impl Costs {
         let c = &cfg.cpu;
         let d = &cfg.disk;
         let f = &cfg.frontend;
-        let relay = cfg.mechanism == Mechanism::Relay;
+        let relay = cfg.mechanism == RequestDistribution::Relay;
         Costs {
             // A relaying front end keeps persistent connections to the nodes: they see no
             // client connections.
@@ -229,7 +229,7 @@ impl Costs {
             request: us_to_ns(c.request_us),
             per_512: us_to_ns(c.transmit_per_512_us),
             handoff: match cfg.mechanism {
-                Mechanism::Ideal => 0,
+                RequestDistribution::Ideal => 0,
                 _ => us_to_ns(c.handoff_us),
             },
             fwd_request: us_to_ns(c.forward_request_us),
@@ -240,7 +240,7 @@ impl Costs {
             extent_seek: us_to_ns(d.extent_seek_us),
             fe_conn: us_to_ns(f.connection_us),
             fe_request: us_to_ns(f.request_us),
-            fe_handoff: if cfg.mechanism == Mechanism::Ideal {
+            fe_handoff: if cfg.mechanism == RequestDistribution::Ideal {
                 0
             } else {
                 us_to_ns(f.handoff_us)
@@ -579,7 +579,7 @@ impl<'a, F: FnMut(Completion)> Sim<'a, F> {
     fn moves(&self, a: &Active, d: &Decision) -> bool {
         match (a.handler, d) {
             (Some(h), Decision::Serve { node, .. }) => {
-                node.0 != h && self.cfg.mechanism != Mechanism::Forward
+                node.0 != h && self.cfg.mechanism != RequestDistribution::Forward
             }
             (Some(h), Decision::Handoff { to, .. }) => to.0 != h,
             _ => false,
@@ -604,7 +604,8 @@ impl<'a, F: FnMut(Completion)> Sim<'a, F> {
                 let busy = a.outstanding > 0;
                 if busy
                     && (self.cfg.pipelining == Pipelining::Serial
-                        || (self.cfg.mechanism == Mechanism::Handoff && self.moves(a, &d)))
+                        || (self.cfg.mechanism == RequestDistribution::Handoff
+                            && self.moves(a, &d)))
                 {
                     return;
                 }
@@ -647,7 +648,7 @@ impl<'a, F: FnMut(Completion)> Sim<'a, F> {
             Decision::Serve { cache, .. } => cache,
             _ => true,
         };
-        let (serve, relay_by, cache) = if mech == Mechanism::Relay {
+        let (serve, relay_by, cache) = if mech == RequestDistribution::Relay {
             (d.node().0, None, serve_cache)
         } else {
             let handler = a.handler;
@@ -657,7 +658,7 @@ impl<'a, F: FnMut(Completion)> Sim<'a, F> {
                     (h, None, cache, false)
                 }
                 (Some(h), Decision::Serve { node, .. }) => {
-                    if mech == Mechanism::Forward {
+                    if mech == RequestDistribution::Forward {
                         (node.0, Some(h), true, false)
                     } else {
                         (node.0, None, true, true)
@@ -994,7 +995,7 @@ mod tests {
         })
     }
 
-    fn cfg(nodes: u32, policy: PolicyKind, mech: Mechanism) -> SimConfig {
+    fn cfg(nodes: u32, policy: PolicyKind, mech: RequestDistribution) -> SimConfig {
         let mut c = SimConfig::new(nodes, policy, mech);
         c.clients = Some(1);
         c
@@ -1010,7 +1011,7 @@ mod tests {
             &[vec![vec![0]], vec![vec![0]]],
         )
         .unwrap();
-        let c = cfg(1, PolicyKind::Rr, Mechanism::Single);
+        let c = cfg(1, PolicyKind::Rr, RequestDistribution::Single);
         let mut times = Vec::new();
         let r = simulate_observed(&c, &w, |done| times.push((done.time, done.hit))).unwrap();
         let a = CpuCosts::APACHE;
@@ -1029,7 +1030,11 @@ mod tests {
 
     #[test]
     fn disk_model_charges_extents() {
-        let c = Costs::new(&SimConfig::new(1, PolicyKind::Rr, Mechanism::Single));
+        let c = Costs::new(&SimConfig::new(
+            1,
+            PolicyKind::Rr,
+            RequestDistribution::Single,
+        ));
         assert_eq!(c.disk_read(0), 28_000_000);
         assert_eq!(c.disk_read(4096), 28_410_000);
         assert_eq!(c.disk_read(44 * 1024), 28_000_000 + 11 * 410_000);
@@ -1049,20 +1054,20 @@ mod tests {
             &[vec![vec![0], vec![1]]],
         )
         .unwrap();
-        let fwd = simulate(&cfg(2, PolicyKind::Rr, Mechanism::Forward), &w).unwrap();
+        let fwd = simulate(&cfg(2, PolicyKind::Rr, RequestDistribution::Forward), &w).unwrap();
         assert_eq!(fwd.forwards, 1);
         assert_eq!(fwd.per_node[0].forwards_relayed, 1);
         assert_eq!(fwd.per_node[1].forwards_served, 1);
         assert_eq!(fwd.per_node[0].connections, 1);
-        let ho = simulate(&cfg(2, PolicyKind::Rr, Mechanism::Handoff), &w).unwrap();
+        let ho = simulate(&cfg(2, PolicyKind::Rr, RequestDistribution::Handoff), &w).unwrap();
         assert_eq!(ho.handoffs, 1);
         assert_eq!(ho.per_node[1].handoffs_in, 1);
-        let single = simulate(&cfg(2, PolicyKind::Rr, Mechanism::Single), &w).unwrap();
+        let single = simulate(&cfg(2, PolicyKind::Rr, RequestDistribution::Single), &w).unwrap();
         assert_eq!(single.per_node[0].requests, 2);
         assert_eq!(single.handoffs + single.forwards, 0);
-        let ideal = simulate(&cfg(2, PolicyKind::Rr, Mechanism::Ideal), &w).unwrap();
+        let ideal = simulate(&cfg(2, PolicyKind::Rr, RequestDistribution::Ideal), &w).unwrap();
         assert!(ideal.sim_secs < ho.sim_secs);
-        let relay = simulate(&cfg(2, PolicyKind::Rr, Mechanism::Relay), &w).unwrap();
+        let relay = simulate(&cfg(2, PolicyKind::Rr, RequestDistribution::Relay), &w).unwrap();
         assert_eq!(relay.per_node[0].connections, 0);
         assert_eq!(relay.per_node[1].requests, 1);
     }
@@ -1071,7 +1076,7 @@ mod tests {
     fn warmup_is_left_out_of_the_figures() {
         let conns: Vec<Vec<Vec<u32>>> = (0..50).map(|i| vec![vec![i % 5]]).collect();
         let w = SimWorkload::from_connections(targets(&[100; 5]), Http::V10, &conns).unwrap();
-        let mut c = cfg(1, PolicyKind::Rr, Mechanism::Single);
+        let mut c = cfg(1, PolicyKind::Rr, RequestDistribution::Single);
         c.warmup_requests = 5;
         let r = simulate(&c, &w).unwrap();
         assert_eq!(r.measured_requests, 45);
@@ -1085,7 +1090,7 @@ mod tests {
         // wait and every request still completes exactly once.
         let conns: Vec<Vec<Vec<u32>>> = (0..40).map(|i| vec![vec![i % 3]]).collect();
         let w = SimWorkload::from_connections(targets(&[100; 3]), Http::V10, &conns).unwrap();
-        let mut c = cfg(1, PolicyKind::Lard, Mechanism::Single);
+        let mut c = cfg(1, PolicyKind::Lard, RequestDistribution::Single);
         c.policy.l_idle = 0;
         c.policy.l_overload = 1;
         c.clients = Some(4);

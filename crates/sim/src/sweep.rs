@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use serde::Serialize;
 use switchyard_policy::PolicyKind;
 
-use crate::config::{Mechanism, SimConfig};
+use crate::config::{RequestDistribution, SimConfig};
 use crate::report::RunResult;
 use crate::sim::simulate;
 use crate::workload::{Http, SimWorkload};
@@ -22,8 +22,8 @@ pub struct Series {
     /// Dispatching policy.
     #[serde(serialize_with = "policy_name")]
     pub policy: PolicyKind,
-    /// Mechanism.
-    pub mechanism: Mechanism,
+    /// RequestDistribution.
+    pub mechanism: RequestDistribution,
     /// HTTP shape of the workload.
     pub http: Http,
 }
@@ -57,7 +57,7 @@ pub const RELAY: &str = "relay-extLARD-PHTTP";
 
 impl Series {
     /// A series.
-    pub fn new(name: &str, policy: PolicyKind, mechanism: Mechanism, http: Http) -> Self {
+    pub fn new(name: &str, policy: PolicyKind, mechanism: RequestDistribution, http: Http) -> Self {
         Series {
             name: name.to_owned(),
             policy,
@@ -68,8 +68,8 @@ impl Series {
 
     /// The curves of seed 003 Figs. 7 and 8 (and the relaying front end of §6.1).
     pub fn paper() -> Vec<Series> {
-        use Mechanism::*;
         use PolicyKind::*;
+        use RequestDistribution::*;
         vec![
             Series::new(ZERO_COST, ExtLard, Ideal, Http::V11),
             Series::new(RELAY, ExtLard, Relay, Http::V11),

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use switchyard_policy::PolicyKind;
 use switchyard_sim::{
-    simulate_observed, Completion, Http, Mechanism, Pipelining, SimConfig, SimWorkload, Targets,
+    simulate_observed, Completion, Http, Pipelining, RequestDistribution, SimConfig, SimWorkload,
+    Targets,
 };
 
 #[derive(Debug, Clone)]
@@ -15,7 +16,7 @@ struct Case {
     conns: Vec<Vec<Vec<u32>>>,
     nodes: u32,
     policy: PolicyKind,
-    mechanism: Mechanism,
+    mechanism: RequestDistribution,
     pipelining: Pipelining,
     clients: u32,
     cache_bytes: u64,
@@ -41,7 +42,7 @@ fn case() -> impl Strategy<Value = Case> {
                 prop::collection::vec(conn, 1..40),
                 Just(nodes),
                 Just(PolicyKind::ALL[p]),
-                Just(Mechanism::ALL[m]),
+                Just(RequestDistribution::ALL[m]),
                 Just(if serial {
                     Pipelining::Serial
                 } else {

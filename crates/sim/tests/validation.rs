@@ -11,7 +11,8 @@ use switchyard_sim::sweep::{
 };
 use switchyard_sim::workload::seed003_synth;
 use switchyard_sim::{
-    Http, Mechanism, Preset, RunResult, SimConfig, SimWorkload, Targets, DEFAULT_CACHE_BYTES,
+    Http, Preset, RequestDistribution, RunResult, SimConfig, SimWorkload, Targets,
+    DEFAULT_CACHE_BYTES,
 };
 use switchyard_trace::{synthesize, SessionConfig};
 
@@ -31,7 +32,11 @@ fn workloads() -> &'static (SimWorkload, SimWorkload) {
 }
 
 fn runs(series: &[&str], nodes: &[u32]) -> Vec<RunResult> {
-    let mut base = SimConfig::new(1, switchyard_policy::PolicyKind::Lard, Mechanism::Single);
+    let mut base = SimConfig::new(
+        1,
+        switchyard_policy::PolicyKind::Lard,
+        RequestDistribution::Single,
+    );
     base.cache_bytes = (DEFAULT_CACHE_BYTES as f64 * SCALE) as u64;
     let base = base.with_preset(Preset::Apache);
     let all = Series::paper();

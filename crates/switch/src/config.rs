@@ -155,17 +155,8 @@ impl<'de> Deserialize<'de> for NodeEntry {
     }
 }
 
-/// How responses reach clients.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum Mechanism {
-    /// Two-way: the switch relays requests and responses over pooled node connections.
-    #[default]
-    Relay,
-    /// One-way: the switch hands the client's connection to the node, which answers the client
-    /// directly (nodes with a `control` address; others are relayed).
-    Handoff,
-}
+/// How responses reach clients (shared with the lab).
+pub use switchyard_policy::Mechanism;
 
 /// What happens to the second and later requests of a handed-off connection.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]

@@ -771,6 +771,7 @@ async fn session(
                     if !hello {
                         expect_hello(&m, b, ctl, &tx).map_err(End::Failed)?;
                         hello = true;
+                        shared.control_up.notify_waiters();
                         continue;
                     }
                     on_message(shared, b, m, fd)
@@ -998,19 +999,6 @@ fn on_message(shared: &Arc<Shared>, b: &Arc<Backend>, m: Message, fd: Option<Own
             h.metrics.hand_backs.inc();
             let sh = shared.clone();
             tokio::spawn(async move { pass_on(sh, id, transfer, fd, preread).await });
-        }
-        Message::Load(l) => {
-            let g = shared.current();
-            if let Some(i) = g.index_of(b) {
-                let report = switchyard_policy::LoadReport {
-                    active_connections: l.active_connections,
-                    disk_queue: l.disk_queue,
-                    cache_hits: l.cache_hits,
-                    cache_misses: l.cache_misses,
-                    bytes_out: l.bytes_out,
-                };
-                crate::report::take(shared, &g, i, report);
-            }
         }
         Message::Ping { nonce } => {
             if let Some(ctl) = &b.control {

@@ -93,8 +93,9 @@ use parking_lot::{Mutex, RwLock};
 use prometheus_client::registry::Registry;
 use switchyard_admin::{Admin, Page};
 use switchyard_http::request::Limits;
-use switchyard_node::workers::{Live, Workers};
 use switchyard_policy::{NodeId, NodeSpec, Policy};
+use switchyard_runtime::accept::{accept_loop, AcceptStats, Incoming, WhenFull};
+use switchyard_runtime::{listen::listen_reuseport, Live, Workers};
 use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify, Semaphore};
@@ -164,6 +165,8 @@ pub(crate) struct Shared {
     pub stop: watch::Receiver<bool>,
     /// Signalled whenever a request finishes or a node comes up: queued requests try again.
     pub freed: Notify,
+    /// Signalled whenever a node's handoff control connection comes up.
+    pub control_up: Notify,
     pub queue_len: AtomicUsize,
     pub next_conn: AtomicU64,
     /// Client connection slots.
@@ -172,6 +175,8 @@ pub(crate) struct Shared {
     pub slots_total: AtomicU32,
     /// Small tasks answering connections over the cap.
     pub refusing: AtomicUsize,
+    /// The worker threads' accept loops.
+    pub accepts: AcceptStats,
     /// Health-check tasks started, one per backend.
     health_tasks: Mutex<Vec<JoinHandle<()>>>,
     /// One-way delivery: control connections' shared state, handed-off connections, steering.
@@ -294,21 +299,27 @@ impl RunningSwitch {
     /// Wait until every node with a handoff control address has its control connection up, at
     /// most `limit`; false if some are still down then (their connections are relayed).
     pub async fn wait_for_controls(&self, limit: Duration) -> bool {
-        let until = Instant::now() + limit;
-        loop {
-            let g = self.shared.current();
-            let ready = g
-                .nodes
-                .iter()
-                .all(|b| b.control.as_ref().is_none_or(|c| c.is_up()));
-            if ready {
-                return true;
+        let ready = async {
+            loop {
+                // Enabled before the check, so a connection that comes up in between wakes it.
+                let mut up = std::pin::pin!(self.shared.control_up.notified());
+                up.as_mut().enable();
+                let g = self.shared.current();
+                if g.nodes
+                    .iter()
+                    .all(|b| b.control.as_ref().is_none_or(|c| c.is_up()))
+                {
+                    return;
+                }
+                up.await;
             }
-            if Instant::now() >= until {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        };
+        tokio::time::timeout(limit, ready).await.is_ok()
+    }
+
+    /// What `/status.json` shows: nodes, policy counters, one-way delivery.
+    pub fn status(&self) -> switchyard_admin::status::SwitchStatus {
+        metrics::status(&self.shared)
     }
 
     /// The policy's counters (a snapshot).
@@ -511,17 +522,8 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
         addr: cfg.listen,
         source,
     };
-    let workers = match cfg.workers {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        n => n,
-    };
-    // The first socket fixes the port (the configured one may be 0).
-    let first = switchyard_node::listen_std(cfg.listen, true).map_err(bind_err)?;
-    let addr = first.local_addr().map_err(bind_err)?;
-    let mut listeners = vec![first];
-    for _ in 1..workers {
-        listeners.push(switchyard_node::listen_std(addr, true).map_err(bind_err)?);
-    }
+    let workers = switchyard_runtime::listen::worker_count(cfg.workers);
+    let (addr, listeners) = listen_reuseport(cfg.listen, workers).map_err(bind_err)?;
     let (stop, stop_rx) = watch::channel(false);
     let max = cfg.max_connections;
     let placeholder = Generation {
@@ -542,11 +544,13 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
         metrics: SwitchMetrics::default(),
         stop: stop_rx.clone(),
         freed: Notify::new(),
+        control_up: Notify::new(),
         queue_len: AtomicUsize::new(0),
         next_conn: AtomicU64::new(1),
         slots: Arc::new(Semaphore::new(max)),
         slots_total: AtomicU32::new(max as u32),
         refusing: AtomicUsize::new(0),
+        accepts: AcceptStats::default(),
         health_tasks: Mutex::new(Vec::new()),
         // Pins live on the host-wide BPF file system: the instance name keeps switches in
         // different namespaces (or on different ports) apart.
@@ -657,37 +661,33 @@ struct Worker {
 }
 
 impl Worker {
+    /// Connections beyond the slots are accepted and answered `503`.
     async fn accept_loop(&self, listener: &TcpListener, live: &Live) {
         let shared = &self.shared;
-        loop {
-            let (stream, peer) = match listener.accept().await {
-                Ok(s) => s,
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    continue;
-                }
-            };
-            shared.metrics.connections_total.fetch_add(1, Relaxed);
-            let permit = match shared.slots.clone().try_acquire_owned() {
-                Ok(p) => p,
-                Err(_) => {
-                    refuse(shared, stream);
-                    continue;
-                }
-            };
-            shared.metrics.connections_active.fetch_add(1, Relaxed);
-            let held = Held {
-                shared: shared.clone(),
-                _permit: permit,
-                _live: live.clone(),
-            };
-            tokio::spawn(async move {
-                relay::serve(held.shared.clone(), stream, peer).await;
-                drop(held);
-            });
-        }
+        accept_loop(
+            listener,
+            &shared.slots,
+            WhenFull::Refuse,
+            &shared.accepts,
+            |incoming| {
+                shared.metrics.connections_total.fetch_add(1, Relaxed);
+                let (stream, peer, permit) = match incoming {
+                    Incoming::Admitted { stream, peer, slot } => (stream, peer, slot),
+                    Incoming::Over { stream, .. } => return refuse(shared, stream),
+                };
+                shared.metrics.connections_active.fetch_add(1, Relaxed);
+                let held = Held {
+                    shared: shared.clone(),
+                    _permit: permit,
+                    _live: live.clone(),
+                };
+                tokio::spawn(async move {
+                    relay::serve(held.shared.clone(), stream, peer).await;
+                    drop(held);
+                });
+            },
+        )
+        .await;
     }
 }
 
@@ -696,7 +696,7 @@ impl Worker {
 struct Held {
     shared: Arc<Shared>,
     _permit: tokio::sync::OwnedSemaphorePermit,
-    _live: Arc<()>,
+    _live: Live,
 }
 
 impl Drop for Held {
@@ -718,16 +718,12 @@ fn refuse(shared: &Arc<Shared>, stream: tokio::net::TcpStream) {
     }
     let shared = shared.clone();
     tokio::spawn(async move {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let mut stream = stream;
-        let _ = tokio::time::timeout(Duration::from_secs(1), async {
-            stream.write_all(REFUSE_503).await?;
-            stream.shutdown().await?;
-            let mut scratch = [0u8; 1024];
-            while stream.read(&mut scratch).await? > 0 {}
-            Ok::<(), std::io::Error>(())
-        })
-        .await;
+        let until = tokio::time::Instant::now() + Duration::from_secs(1);
+        if let Ok(Ok(())) = tokio::time::timeout_at(until, stream.write_all(REFUSE_503)).await {
+            switchyard_runtime::close::linger_until(&mut stream, until).await;
+        }
         shared.refusing.fetch_sub(1, Relaxed);
     });
 }

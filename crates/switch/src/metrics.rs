@@ -37,7 +37,6 @@
 //! | `switchyard_handoff_steering_entries` | | steering entries live |
 //! | `switchyard_handoff_latency_seconds` | | histogram: handoff decision → node's `Accepted` |
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -49,6 +48,7 @@ use prometheus_client::registry::Registry;
 use switchyard_admin::encode::{counter, gauge, labelled, StatusCounters};
 
 use crate::Shared;
+use switchyard_admin::status::{HandoffStatus, NodeStatus, PolicyCounters, SwitchStatus};
 
 /// Why a request or connection was refused by the switch itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -436,95 +436,71 @@ impl Collector for SwitchCollector {
 }
 
 /// `/status.json`: the nodes and the policy, for people and scripts.
-pub(crate) fn status_json(shared: &Shared) -> String {
+pub(crate) fn status(shared: &Shared) -> SwitchStatus {
     let g = shared.current();
     let stats = g.policy.lock().stats();
     let m = &shared.metrics;
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        "{{\"generation\":{},\"policy\":\"{}\",\"connections_active\":{},\"queue_length\":{},\"retries\":{},\"policy_stats\":{{\"decisions\":{},\"rejections\":{},\"targets_mapped\":{},\"replicas\":{},\"reassignments\":{},\"spills\":{}}},\"nodes\":[",
-        g.id,
-        stats.policy,
-        m.connections_active.load(Relaxed),
-        shared.queue_len.load(Relaxed),
-        m.retries.load(Relaxed),
-        stats.decisions,
-        stats.rejections,
-        stats.targets_mapped,
-        stats.replicas,
-        stats.reassignments,
-        stats.spills,
-    );
-    for (i, b) in g.nodes.iter().enumerate() {
-        let ns = stats.nodes.get(i);
-        let _ = write!(
-            s,
-            "{}{{\"id\":{},\"addr\":\"{}\",\"up\":{},\"active\":{},\"requests\":{},\"bytes\":{},\"failures\":{},\"pool_idle\":{},\"targets\":{},\"load\":{}}}",
-            if i > 0 { "," } else { "" },
-            i,
-            b.addr,
-            b.is_up(),
-            b.active.load(Relaxed),
-            b.requests.load(Relaxed),
-            b.bytes.load(Relaxed),
-            b.failures.load(Relaxed),
-            b.idle_count(),
-            ns.map_or(0, |n| n.targets),
-            ns.map_or(0.0, |n| n.load),
-        );
-    }
-    let h = &shared.handoffs;
-    let _ = write!(
-        s,
-        "],\"mechanism\":\"{}\",\"handoff\":{{\"fd\":{},\"repair\":{},\"hand_backs\":{},\"backend_forwards\":{},\"connections_active\":{},\"steering\":{},\"steering_entries\":{},\"steering_error\":{},\"late_accepts\":{},\"abandoned\":{{\"cancel_timeout\":{},\"control_failed\":{}}},\"fallbacks\":{{",
-        match g.cfg.mechanism {
-            crate::config::Mechanism::Relay => "relay",
-            crate::config::Mechanism::Handoff => "handoff",
-        },
-        h.metrics.handoffs_fd.get(),
-        h.metrics.handoffs_repair.get(),
-        h.metrics.hand_backs.get(),
-        h.metrics.backend_forwards.get(),
-        h.metrics.handed_active.get(),
-        h.steering_kind().map_or("null".to_owned(), |k| format!("\"{k}\"")),
-        h.steering_live(),
-        h.steering_error
-            .as_deref()
-            .map_or("null".to_owned(), json_string),
-        h.metrics.late_accepts.get(),
-        h.metrics.abandoned_for("cancel_timeout"),
-        h.metrics.abandoned_for("control_failed"),
-    );
-    for (i, (reason, n)) in h.fallbacks().enumerate() {
-        let _ = write!(s, "{}\"{reason}\":{n}", if i > 0 { "," } else { "" });
-    }
-    s.push_str("}}}");
-    s
-}
-
-/// `s` as a JSON string literal.
-fn json_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
+    let nodes = g
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            let ns = stats.nodes.get(i);
+            NodeStatus {
+                id: i as u32,
+                addr: b.addr,
+                up: b.is_up(),
+                active: b.active.load(Relaxed),
+                requests: b.requests.load(Relaxed),
+                bytes: b.bytes.load(Relaxed),
+                failures: b.failures.load(Relaxed),
+                pool_idle: b.idle_count() as u64,
+                targets: ns.map_or(0, |n| n.targets),
+                load: ns.map_or(0.0, |n| n.load),
             }
-            c => out.push(c),
-        }
+        })
+        .collect();
+    let h = &shared.handoffs;
+    SwitchStatus {
+        generation: g.id,
+        policy: stats.policy.to_owned(),
+        connections_active: m.connections_active.load(Relaxed),
+        queue_length: shared.queue_len.load(Relaxed) as u64,
+        retries: m.retries.load(Relaxed),
+        policy_stats: PolicyCounters {
+            decisions: stats.decisions,
+            rejections: stats.rejections,
+            targets_mapped: stats.targets_mapped,
+            replicas: stats.replicas,
+            reassignments: stats.reassignments,
+            spills: stats.spills,
+        },
+        nodes,
+        mechanism: g.cfg.mechanism,
+        handoff: HandoffStatus {
+            fd: h.metrics.handoffs_fd.get(),
+            repair: h.metrics.handoffs_repair.get(),
+            hand_backs: h.metrics.hand_backs.get(),
+            backend_forwards: h.metrics.backend_forwards.get(),
+            connections_active: h.metrics.handed_active.get().max(0) as u64,
+            steering: h.steering_kind().map(str::to_owned),
+            steering_entries: h.steering_live() as u64,
+            steering_error: h.steering_error.clone(),
+            late_accepts: h.metrics.late_accepts.get(),
+            abandoned: ["cancel_timeout", "control_failed"]
+                .into_iter()
+                .map(|r| (r.to_owned(), h.metrics.abandoned_for(r)))
+                .collect(),
+            fallbacks: h
+                .fallbacks()
+                .map(|(reason, n)| (reason.to_owned(), n))
+                .collect(),
+        },
     }
-    out.push('"');
-    out
 }
 
-#[cfg(test)]
-mod json_tests {
-    #[test]
-    fn json_strings_are_escaped() {
-        assert_eq!(super::json_string("a\"b\\c\nd"), "\"a\\\"b\\\\c\\u000ad\"");
-    }
+/// `/status.json` as JSON text.
+pub(crate) fn status_json(shared: &Shared) -> String {
+    // Plain data with string keys: serialization cannot fail.
+    serde_json::to_string(&status(shared)).unwrap_or_default()
 }

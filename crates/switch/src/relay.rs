@@ -14,11 +14,10 @@ use bytes::{Buf, BytesMut};
 use switchyard_http::chunked::ChunkedDecoder;
 use switchyard_http::request::{self, BodyFraming, ParseOutcome, RequestHead, Version};
 use switchyard_http::response::ResponseHead;
-use switchyard_node::idle::{wait_for_bytes, Wait};
 use switchyard_policy::{ConnId, NodeId, Outcome, Reject, Request as PolicyRequest};
+use switchyard_runtime::idle::{wait_for_bytes, Wait};
 use switchyard_upstream::splice::write_all;
 use switchyard_upstream::{self as upstream, Deadline};
-use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::time::timeout_at;
 
@@ -213,13 +212,7 @@ impl Client {
 
     /// Read whatever is available into `buf`, waiting until `until`.
     async fn fill(&mut self, until: tokio::time::Instant) -> io::Result<usize> {
-        if self.buf.capacity() - self.buf.len() < 1024 {
-            self.buf.reserve(4096);
-        }
-        match timeout_at(until, self.stream.read_buf(&mut self.buf)).await {
-            Ok(r) => r,
-            Err(_) => Err(io::ErrorKind::TimedOut.into()),
-        }
+        switchyard_runtime::close::fill(&mut self.stream, &mut self.buf, until).await
     }
 
     /// Make `gen` the generation whose policy tracks this connection.
@@ -702,17 +695,7 @@ impl Client {
 
     /// Close the sending side, then read and drop what the client still sends for a moment.
     async fn linger(&mut self) {
-        use tokio::io::AsyncWriteExt;
-        let _ = self.stream.shutdown().await;
-        let until = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
-        let mut scratch = [0u8; 4096];
-        let mut budget = 256 * 1024usize;
-        while budget > 0 {
-            match timeout_at(until, self.stream.read(&mut scratch)).await {
-                Ok(Ok(n)) if n > 0 => budget = budget.saturating_sub(n),
-                _ => break,
-            }
-        }
+        switchyard_runtime::close::linger(&mut self.stream).await;
     }
 }
 

@@ -1,12 +1,12 @@
 //! The switch side of the distributed load monitor: node load reports arrive as UDP datagrams
-//! (format in `switchyard_node::report`) and go to the policy's `load_report` hook.
+//! (format in [`switchyard_runtime::report`]) and go to the policy's `load_report` hook.
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use switchyard_node::report::Report;
 use switchyard_policy::{LoadReport, NodeId};
+use switchyard_runtime::report::Datagram;
 use tokio::net::UdpSocket;
 use tokio::sync::watch;
 
@@ -26,7 +26,7 @@ pub(crate) async fn receive(shared: Arc<Shared>, sock: UdpSocket, mut stop: watc
             },
             _ = stop.changed() => return,
         };
-        match Report::decode(&buf[..n]) {
+        match Datagram::decode(&buf[..n]) {
             Some(r) => apply(&shared, &r, from),
             None => {
                 shared.metrics.reports_invalid.fetch_add(1, Relaxed);
@@ -37,7 +37,7 @@ pub(crate) async fn receive(shared: Arc<Shared>, sock: UdpSocket, mut stop: watc
 }
 
 /// Hand one report to the policy of the generation in force.
-pub(crate) fn apply(shared: &Shared, r: &Report, from: SocketAddr) {
+pub(crate) fn apply(shared: &Shared, r: &Datagram, from: SocketAddr) {
     let g = shared.current();
     let idx = r.listen.and_then(|l| {
         g.nodes.iter().position(|b| b.addr == l).or_else(|| {
@@ -52,20 +52,11 @@ pub(crate) fn apply(shared: &Shared, r: &Report, from: SocketAddr) {
         tracing::debug!(%from, listen = ?r.listen, "load report from an unknown node");
         return;
     };
-    let clamp = |v: u64| v.min(u64::from(u32::MAX)) as u32;
-    let report = LoadReport {
-        active_connections: clamp(r.connections),
-        disk_queue: clamp(r.disk_queue),
-        cache_hits: r.cache_hits,
-        cache_misses: r.cache_misses,
-        bytes_out: r.bytes_out,
-    };
-    take(shared, &g, i, report);
+    take(shared, &g, i, r.load);
 }
 
-/// Give node `i`'s load report to the policy (from a datagram or the node's control
-/// connection).
-pub(crate) fn take(shared: &Shared, g: &Generation, i: usize, report: LoadReport) {
+/// Give node `i`'s load report to the policy.
+fn take(shared: &Shared, g: &Generation, i: usize, report: LoadReport) {
     *g.nodes[i].last_report.lock() = Some(report);
     g.policy
         .lock()

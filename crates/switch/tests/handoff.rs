@@ -365,7 +365,7 @@ fn backend_forwarding_fetches_from_the_node_that_has_the_target() {
 /// §4.2); a threshold of 0 makes every disk count as busy.
 #[test]
 fn extended_lard_decides_forwarding_or_moving_per_request() {
-    use switchyard_policy::Mechanism as ExtMechanism;
+    use switchyard_policy::PersistentRouting as ExtMechanism;
     for mech in [ExtMechanism::Forward, ExtMechanism::Handoff] {
         let dir = tempfile::tempdir().unwrap();
         let (_nodes, entries) = nodes(2, dir.path());

@@ -30,22 +30,7 @@ use crate::error::{HandoffError, Result};
 pub const CONTROL_PORT: u16 = 7000;
 
 /// Delivery mechanism asked of the switch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Mechanism {
-    /// One-way: connections are handed off to the nodes.
-    Handoff,
-    /// Two-way: the switch relays responses.
-    Relay,
-}
-
-impl Mechanism {
-    fn as_str(self) -> &'static str {
-        match self {
-            Mechanism::Handoff => "handoff",
-            Mechanism::Relay => "relay",
-        }
-    }
-}
+pub use switchyard_policy::Mechanism;
 
 /// Which lab.
 #[derive(Debug, Clone, clap::Args)]

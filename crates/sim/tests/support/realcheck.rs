@@ -23,7 +23,7 @@ use switchyard_policy::{
     build, ConnId, NodeId, NodeSpec, Outcome, PolicyConfig, PolicyKind, Request,
 };
 use switchyard_sim::workload::seed003_synth;
-use switchyard_sim::{simulate, Http, Mechanism, SimConfig, SimWorkload};
+use switchyard_sim::{simulate, Http, RequestDistribution, SimConfig, SimWorkload};
 use switchyard_trace::{synthesize, SessionConfig};
 
 /// What to compare.
@@ -131,7 +131,7 @@ pub fn run_check(cfg: &CheckConfig) -> CheckResult {
     let w = SimWorkload::from_trace(&synth.workload, cfg.http, &SessionConfig::default());
 
     // The simulation.
-    let mut sc = SimConfig::new(cfg.nodes, cfg.policy, Mechanism::Single);
+    let mut sc = SimConfig::new(cfg.nodes, cfg.policy, RequestDistribution::Single);
     sc.cache_bytes = cfg.cache_bytes;
     sc.cache_max_object_bytes = Some(cfg.cache_bytes);
     sc.clients = Some(cfg.clients as u32);

@@ -1,0 +1,274 @@
+//! Thread-per-core serving, shared by the node and the switch.
+//!
+//! One OS thread per listener, each running a single-threaded tokio
+//! runtime: the accept loop runs until the stop signal, the listener is
+//! closed, and the thread then waits for its own connections to finish, or
+//! for the abort signal once the caller's grace period is over. A
+//! connection holds a clone of the thread's [`Live`] handle while it is open;
+//! the last connection to drop its handle wakes the draining worker (no
+//! polling).
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Weak};
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Notify};
+
+/// Held by every open connection of a worker; the worker drains until only
+/// its own handle is left. Dropping the last handle but the worker's wakes
+/// the worker.
+#[derive(Debug)]
+pub struct Live(Arc<LiveCount>);
+
+#[derive(Debug, Default)]
+struct LiveCount {
+    /// Handles alive, the worker's own included.
+    handles: AtomicUsize,
+    /// Signalled when only one handle is left.
+    alone: Notify,
+}
+
+impl Live {
+    /// A worker's own handle: the first of its set.
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Live {
+        let count = LiveCount::default();
+        count.handles.store(1, Ordering::Relaxed);
+        Live(Arc::new(count))
+    }
+
+    /// A reference that does not keep the worker draining; it can be
+    /// upgraded while some handle of the set is alive.
+    pub fn downgrade(&self) -> WeakLive {
+        WeakLive(Arc::downgrade(&self.0))
+    }
+
+    /// Handles of this set that are alive, this one included.
+    pub fn count(&self) -> usize {
+        self.0.handles.load(Ordering::Acquire)
+    }
+
+    /// Wait until this is the only handle of its set left.
+    pub async fn alone(&self) {
+        loop {
+            // `notify_one` keeps a permit when nobody waits yet, so a drop
+            // between the check and the wait is not lost.
+            if self.count() <= 1 {
+                return;
+            }
+            self.0.alone.notified().await;
+        }
+    }
+}
+
+impl Clone for Live {
+    fn clone(&self) -> Live {
+        self.0.handles.fetch_add(1, Ordering::Relaxed);
+        Live(self.0.clone())
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        if self.0.handles.fetch_sub(1, Ordering::AcqRel) == 2 {
+            self.0.alone.notify_one();
+        }
+    }
+}
+
+/// A [`Live`] that does not count; see [`Live::downgrade`].
+#[derive(Clone, Debug)]
+pub struct WeakLive(Weak<LiveCount>);
+
+impl WeakLive {
+    /// A counting handle, unless every handle of the set is gone.
+    pub fn upgrade(&self) -> Option<Live> {
+        let count = self.0.upgrade()?;
+        // The last handle may be dropping right now: count only from one up.
+        count
+            .handles
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n > 0).then_some(n + 1)
+            })
+            .ok()?;
+        Some(Live(count))
+    }
+}
+
+/// The running worker threads.
+pub struct Workers {
+    abort: watch::Sender<bool>,
+    done: Vec<mpsc::Receiver<()>>,
+}
+
+impl Workers {
+    /// Start one thread per listener, named `{name}-{index}`. On each,
+    /// `accept(index, listener, live)` runs until `stop` turns true.
+    pub fn spawn<A, Fut>(
+        name: &str,
+        listeners: Vec<std::net::TcpListener>,
+        stop: watch::Receiver<bool>,
+        accept: A,
+    ) -> std::io::Result<Workers>
+    where
+        A: Fn(usize, TcpListener, Live) -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = ()>,
+    {
+        let (abort, abort_rx) = watch::channel(false);
+        let mut done = Vec::new();
+        for (i, listener) in listeners.into_iter().enumerate() {
+            let (tx, rx) = mpsc::channel();
+            let (stop, abort_rx, accept) = (stop.clone(), abort_rx.clone(), accept.clone());
+            // On failure the senders of the threads already started are
+            // dropped with `abort`, which ends them.
+            std::thread::Builder::new()
+                .name(format!("{name}-{i}"))
+                .spawn(move || {
+                    run(i, listener, stop, abort_rx, accept);
+                    let _ = tx.send(());
+                })?;
+            done.push(rx);
+        }
+        Ok(Workers { abort, done })
+    }
+
+    /// Wait up to `grace` for every worker to drain, then abort the rest
+    /// and wait for them to drop what is left. Call after the stop signal.
+    pub async fn finish(self, grace: Duration) {
+        let Workers { abort, done } = self;
+        // The workers run on their own threads; wait off the caller's runtime.
+        let _ = tokio::task::spawn_blocking(move || {
+            let deadline = Instant::now() + grace;
+            for w in &done {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if w.recv_timeout(left).is_err() {
+                    break;
+                }
+            }
+            let _ = abort.send(true);
+            for w in &done {
+                let _ = w.recv_timeout(Duration::from_secs(5));
+            }
+        })
+        .await;
+    }
+}
+
+fn run<A, Fut>(
+    index: usize,
+    listener: std::net::TcpListener,
+    mut stop: watch::Receiver<bool>,
+    mut abort: watch::Receiver<bool>,
+    accept: A,
+) where
+    A: Fn(usize, TcpListener, Live) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot build a worker runtime");
+            return;
+        }
+    };
+    rt.block_on(async move {
+        let listener = match TcpListener::from_std(listener) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot register the listener");
+                return;
+            }
+        };
+        let live = Live::new();
+        // The listener closes when the accept loop is dropped.
+        tokio::select! {
+            _ = accept(index, listener, live.clone()) => {}
+            _ = stop.wait_for(|s| *s) => {}
+        }
+        tokio::select! {
+            _ = live.alone() => {}
+            _ = abort.wait_for(|a| *a) => {}
+        }
+    });
+    // Dropping the runtime drops the connections that are left.
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// The worker wakes when the last connection's handle drops, not before.
+    #[test]
+    fn the_last_drop_wakes_the_worker() {
+        rt().block_on(async {
+            let live = Live::new();
+            let (a, b) = (live.clone(), live.clone());
+            assert_eq!(live.count(), 3);
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            let holder = tokio::spawn(async move {
+                let _ = rx.await;
+                drop(b);
+            });
+            drop(a);
+            // One handle is still held by the task: not alone yet.
+            let mut waiting = std::pin::pin!(live.alone());
+            assert!(futures_poll(waiting.as_mut()).is_pending());
+            tx.send(()).unwrap();
+            holder.await.unwrap();
+            waiting.await;
+            assert_eq!(live.count(), 1);
+        });
+    }
+
+    #[test]
+    fn weak_handles_count_only_while_the_set_lives() {
+        let live = Live::new();
+        let weak = live.downgrade();
+        let up = weak.upgrade().expect("the set is alive");
+        assert_eq!(live.count(), 2);
+        drop(live);
+        drop(up);
+        assert!(weak.upgrade().is_none());
+    }
+
+    #[test]
+    fn workers_drain_then_stop() {
+        rt().block_on(async {
+            let listener =
+                crate::listen::listen_std("127.0.0.1:0".parse().unwrap(), false).unwrap();
+            let (stop, stop_rx) = watch::channel(false);
+            let (held_tx, held_rx) = mpsc::channel::<Live>();
+            let workers = Workers::spawn("t", vec![listener], stop_rx, move |_, _l, live| {
+                let _ = held_tx.send(live);
+                std::future::pending::<()>()
+            })
+            .unwrap();
+            // A connection's handle, held outside the worker.
+            let conn = tokio::task::spawn_blocking(move || held_rx.recv().unwrap())
+                .await
+                .unwrap();
+            stop.send(true).unwrap();
+            let finish = tokio::spawn(workers.finish(Duration::from_secs(3600)));
+            // Dropping the connection's handle ends the drain long before the grace period.
+            drop(conn);
+            finish.await.unwrap();
+        });
+    }
+
+    fn futures_poll<F: Future>(f: std::pin::Pin<&mut F>) -> std::task::Poll<F::Output> {
+        let waker = std::task::Waker::noop();
+        f.poll(&mut std::task::Context::from_waker(waker))
+    }
+}
