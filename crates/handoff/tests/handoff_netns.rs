@@ -1,6 +1,6 @@
 //! Root tests: real handoffs between network namespaces the tests build and
-//! remove. Without root they fail with a clear message, unless
-//! SWITCHYARD_SKIP_ROOT_TESTS=1 (then they print a skip line).
+//! remove. Without root, or with SWITCHYARD_SKIP_ROOT_TESTS=1, the runner
+//! reports them as ignored with the reason (see `common/root.rs`).
 
 mod common;
 
@@ -10,14 +10,22 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use common::cluster::{Backend, Cluster, Opts};
-use common::{big_body, connect, get_many, in_ns, read_response, root_test, watchdog};
+use common::{big_body, connect, get_many, in_ns, read_response, watchdog};
 use switchyard_handoff::steer::Flow;
 
-#[test]
+fn main() {
+    common::root::main(common::root::tests![
+        curl_keepalive_and_pipelined_through_a_handoff,
+        five_megabytes_and_multiple_handoff_on_one_connection,
+        refused_handoff_falls_back_to_the_switch,
+        client_reusing_a_source_port_ebpf,
+        client_reusing_a_source_port_nftables,
+        node_killed_after_a_handoff,
+        ten_thousand_handed_off_requests,
+    ]);
+}
+
 fn curl_keepalive_and_pipelined_through_a_handoff() {
-    if !root_test("curl_keepalive_and_pipelined_through_a_handoff") {
-        return;
-    }
     let _w = watchdog("curl_keepalive_and_pipelined", Duration::from_secs(120));
     let c = Cluster::start(Opts::default());
     let vip = c.vip;
@@ -65,11 +73,7 @@ fn curl_keepalive_and_pipelined_through_a_handoff() {
     assert_eq!(c.stats.fallbacks.load(Relaxed), 0);
 }
 
-#[test]
 fn five_megabytes_and_multiple_handoff_on_one_connection() {
-    if !root_test("five_megabytes_and_multiple_handoff_on_one_connection") {
-        return;
-    }
     let _w = watchdog(
         "five_megabytes_and_multiple_handoff",
         Duration::from_secs(120),
@@ -113,11 +117,7 @@ fn five_megabytes_and_multiple_handoff_on_one_connection() {
     assert!(r[2].text().starts_with("resp 2 from node"));
 }
 
-#[test]
 fn refused_handoff_falls_back_to_the_switch() {
-    if !root_test("refused_handoff_falls_back_to_the_switch") {
-        return;
-    }
     let _w = watchdog("refused_handoff_falls_back", Duration::from_secs(120));
     let c = Cluster::start(Opts {
         nodes: 1,
@@ -186,27 +186,15 @@ fn reuse_port_case(backend: Backend) {
     let _ = flow;
 }
 
-#[test]
 fn client_reusing_a_source_port_ebpf() {
-    if !root_test("client_reusing_a_source_port_ebpf") {
-        return;
-    }
     reuse_port_case(Backend::Ebpf);
 }
 
-#[test]
 fn client_reusing_a_source_port_nftables() {
-    if !root_test("client_reusing_a_source_port_nftables") {
-        return;
-    }
     reuse_port_case(Backend::Nft);
 }
 
-#[test]
 fn node_killed_after_a_handoff() {
-    if !root_test("node_killed_after_a_handoff") {
-        return;
-    }
     let _w = watchdog("node_killed_after_a_handoff", Duration::from_secs(120));
     let mut c = Cluster::start(Opts::default());
     let vip = c.vip;
@@ -275,11 +263,7 @@ fn node_killed_after_a_handoff() {
     );
 }
 
-#[test]
 fn ten_thousand_handed_off_requests() {
-    if !root_test("ten_thousand_handed_off_requests") {
-        return;
-    }
     let _w = watchdog("ten_thousand_handed_off_requests", Duration::from_secs(300));
     // Nodes restore without the window probe here (the other tests use it).
     let c = Cluster::start(Opts {

@@ -1,5 +1,6 @@
 //! Root test of `switchyard lab`: up (hosts and processes), status --json,
-//! exec on a client, down — and teardown after a failed build.
+//! exec on a client, down — and teardown after a failed build. Reported as
+//! ignored without root (see `common/root.rs`).
 
 mod common;
 
@@ -10,11 +11,14 @@ use switchyard_handoff::lab::cli::{run, LabCommand, LabTarget, Mechanism};
 use switchyard_handoff::lab::Topology;
 use switchyard_handoff::netns::NetNs;
 
-#[test]
+fn main() {
+    common::root::main(common::root::tests![
+        lab_up_status_exec_down,
+        failed_build_leaves_nothing_behind,
+    ]);
+}
+
 fn lab_up_status_exec_down() {
-    if !common::root_test("lab_up_status_exec_down") {
-        return;
-    }
     let _w = common::watchdog("lab_up_status_exec_down", Duration::from_secs(120));
     let dir = tempfile::tempdir().unwrap();
     std::env::set_var("SWITCHYARD_LAB_DIR", dir.path());
@@ -165,11 +169,7 @@ fn lab_up_status_exec_down() {
     run(&LabCommand::Down { target }, &mut out).unwrap();
 }
 
-#[test]
 fn failed_build_leaves_nothing_behind() {
-    if !common::root_test("failed_build_leaves_nothing_behind") {
-        return;
-    }
     let prefix = format!("syt{}f", std::process::id() % 100_000);
     // Occupy the name of the third host's namespace, so the build fails half-way.
     let blocker = format!("{prefix}-n1");
