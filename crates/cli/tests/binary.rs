@@ -3,11 +3,14 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use libtest_mimic::{Arguments, Completion, Trial};
+
+#[path = "../../handoff/tests/common/exit.rs"]
+mod exit;
+use exit::Exit;
 
 fn main() {
     let args = Arguments::from_args();
@@ -88,52 +91,6 @@ fn term(child: &mut Child) -> std::process::ExitStatus {
     let exited = Exit::watch(child.id()).wait(Duration::from_secs(15));
     assert!(exited, "did not stop on SIGTERM");
     child.wait().unwrap()
-}
-
-/// A process's exit as an event: a pidfd, which becomes readable when the
-/// process ends (whether or not it is our child).
-struct Exit(Option<OwnedFd>);
-
-impl Exit {
-    fn watch(pid: u32) -> Exit {
-        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-        if fd < 0 {
-            let e = std::io::Error::last_os_error();
-            assert_eq!(
-                e.raw_os_error(),
-                Some(libc::ESRCH),
-                "pidfd_open({pid}): {e}"
-            );
-            return Exit(None); // already gone
-        }
-        // SAFETY: fd is a new descriptor we own.
-        Exit(Some(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }))
-    }
-
-    /// Waits until the process has ended, at most `limit`; false on timeout.
-    fn wait(&self, limit: Duration) -> bool {
-        let Some(fd) = &self.0 else { return true };
-        let deadline = Instant::now() + limit;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let mut p = libc::pollfd {
-                fd: fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            let r = unsafe { libc::poll(&mut p, 1, left.as_millis() as libc::c_int) };
-            if r > 0 {
-                return true;
-            }
-            if r == 0 {
-                return false;
-            }
-            let e = std::io::Error::last_os_error();
-            assert_eq!(e.kind(), std::io::ErrorKind::Interrupted, "poll: {e}");
-        }
-    }
 }
 
 /// The children of process `pid` (from every one of its threads).

@@ -9,8 +9,9 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use common::cluster::{Backend, Cluster, Opts};
+use common::cluster::{Backend, Cluster, Fallback, Opts};
 use common::{big_body, connect, get_many, in_ns, read_response, watchdog};
+use switchyard_handoff::proto::DropReason;
 use switchyard_handoff::steer::Flow;
 
 fn main() {
@@ -139,6 +140,28 @@ fn refused_handoff_falls_back_to_the_switch() {
     assert_eq!(c.steering.live(), 0);
 }
 
+/// Resets the connection on `s` now (`connect(AF_UNSPEC)`: the kernel's
+/// disconnect, which sends RST on an established connection and frees the
+/// 4-tuple whatever else still refers to the socket).
+fn abort(s: &TcpStream) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a zeroed sockaddr with family AF_UNSPEC, its true length.
+    let r = unsafe {
+        let mut sa: libc::sockaddr = std::mem::zeroed();
+        sa.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
+        libc::connect(
+            s.as_raw_fd(),
+            &sa,
+            std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 fn reuse_port_case(backend: Backend) {
     let _w = watchdog("client_reusing_a_source_port", Duration::from_secs(120));
     // Entries linger long after Closed: the second connection meets a stale one.
@@ -161,7 +184,11 @@ fn reuse_port_case(backend: Backend) {
         let r = read_response(&mut t, &mut buf)?;
         // Abortive close: no TIME_WAIT on the client, so the port can be
         // reused at once; the node sees the reset, the entry stays (linger).
-        socket2::SockRef::from(&t).set_linger(Some(Duration::ZERO))?;
+        // connect(AF_UNSPEC) resets the connection itself; close() with a
+        // zero linger would not while another reference to the socket
+        // exists, and other tests in this process spawn commands, whose
+        // children hold a copy of every descriptor until they exec.
+        abort(&t)?;
         Ok(r.text())
     };
     let first = in_ns(c.client_ns(), move || get_from("/n/first")).expect("first connection");
@@ -237,7 +264,6 @@ fn node_killed_after_a_handoff() {
         .position(|t| t.starts_with("hello from node0"))
         .expect("one connection on node0");
     c.kill_node(0);
-    std::thread::sleep(Duration::from_millis(300));
     tx.send(()).unwrap();
     let outcomes = h.join().unwrap();
     let (_, r0, took) = &outcomes[on0];
@@ -281,9 +307,11 @@ fn ten_thousand_handed_off_requests() {
             std::thread::spawn(move || {
                 let _g = ns.enter().unwrap();
                 let mut errors = Vec::new();
+                let mut ports = Vec::with_capacity(PER);
                 for i in 0..PER {
                     let r = (|| -> std::io::Result<String> {
                         let mut s = connect(vip)?;
+                        ports.push(s.local_addr()?.port());
                         s.write_all(
                             format!(
                                 "GET /n/{t}-{i} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
@@ -294,7 +322,7 @@ fn ten_thousand_handed_off_requests() {
                         Ok(read_response(&mut s, &mut buf)?.text())
                     })();
                     // A correct answer from the switch is a fallback to
-                    // relaying (counted below), not a client-visible error.
+                    // relaying (checked below), not a client-visible error.
                     match r {
                         Ok(text)
                             if text.starts_with(&format!("resp {t}-{i} from node"))
@@ -302,20 +330,26 @@ fn ten_thousand_handed_off_requests() {
                         other => errors.push(format!("{t}-{i}: {other:?}")),
                     }
                 }
-                errors
+                (errors, ports)
             })
         })
         .collect();
-    let errors: Vec<String> = handles
-        .into_iter()
-        .flat_map(|h| h.join().unwrap())
-        .collect();
+    let mut errors = Vec::new();
+    let mut uses = std::collections::HashMap::<u16, usize>::new();
+    for h in handles {
+        let (e, ports) = h.join().unwrap();
+        errors.extend(e);
+        for p in ports {
+            *uses.entry(p).or_default() += 1;
+        }
+    }
     let took = t0.elapsed();
+    let fallbacks = c.stats.fallbacks_with_reasons();
     println!(
-        "10000 handed-off requests in {took:?} ({:.0}/s), {} errors, fallbacks {}",
+        "10000 handed-off requests in {took:?} ({:.0}/s), {} errors, {} fallbacks: {fallbacks:?}",
         10_000.0 / took.as_secs_f64(),
         errors.len(),
-        c.stats.fallbacks.load(Relaxed)
+        fallbacks.len(),
     );
     assert!(
         errors.is_empty(),
@@ -326,12 +360,22 @@ fn ten_thousand_handed_off_requests() {
     c.wait_for("10000 handoffs", |s| {
         s.handoffs.load(Relaxed) + s.fallbacks.load(Relaxed) == 10_000
     });
-    // Handoff must carry the load: fallbacks (a node slow to accept under
-    // load) stay rare.
-    let fallbacks = c.stats.fallbacks.load(Relaxed);
-    assert!(
-        fallbacks <= 100,
-        "{fallbacks} of 10000 requests fell back to relaying"
-    );
-    assert_eq!(c.stats.fallbacks.load(Relaxed), 0);
+    // Every request went to a node, but one: 10,000 connections wrap the
+    // client's ephemeral port range, and a node whose kernel still holds a
+    // socket of an earlier connection on the same 4-tuple cannot restore
+    // the new one (connect in repair mode: EADDRNOTAVAIL). The node says
+    // Drop and the switch serves the request itself, correctly (checked
+    // above). Only that fallback is allowed, and only for a client port
+    // used more than once in this run; a timeout, a refused or failed dump
+    // is a defect.
+    for (why, client, detail) in c.stats.fallbacks_with_reasons() {
+        let reused = uses.get(&client.port()).copied().unwrap_or(0) > 1;
+        assert!(
+            why == Fallback::Dropped(DropReason::RestoreFailed)
+                && detail.contains("Cannot assign requested address")
+                && reused,
+            "fallback {why:?} for {client} (port used {} times): {detail}",
+            uses.get(&client.port()).copied().unwrap_or(0)
+        );
+    }
 }

@@ -7,6 +7,7 @@ mod common;
 use std::io::Write;
 use std::time::Duration;
 
+use common::exit::Exit;
 use switchyard_handoff::lab::cli::{run, LabCommand, LabTarget, Mechanism};
 use switchyard_handoff::lab::Topology;
 use switchyard_handoff::netns::NetNs;
@@ -137,6 +138,8 @@ fn lab_up_status_exec_down() {
     .is_err());
 
     out.clear();
+    let pids: Vec<u64> = procs.iter().map(|p| p["pid"].as_u64().unwrap()).collect();
+    let exits: Vec<Exit> = pids.iter().map(|&p| Exit::watch(p as u32)).collect();
     run(
         &LabCommand::Down {
             target: target.clone(),
@@ -145,8 +148,12 @@ fn lab_up_status_exec_down() {
     )
     .unwrap();
     assert!(Topology::existing(&prefix).is_empty());
-    let pids: Vec<u64> = procs.iter().map(|p| p["pid"].as_u64().unwrap()).collect();
-    std::thread::sleep(Duration::from_millis(200));
+    for (p, e) in pids.iter().zip(&exits) {
+        assert!(
+            e.wait(Duration::from_secs(10)),
+            "process {p} survived lab down"
+        );
+    }
     for p in pids {
         let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
         assert!(

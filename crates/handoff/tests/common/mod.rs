@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod exit;
 pub mod root;
 
 use std::io::{Read, Write};
