@@ -1,9 +1,59 @@
-//! The `switchyard` binary as an operator runs it.
+//! The `switchyard` binary as an operator runs it (a `harness = false` target:
+//! the test that needs root is reported as ignored without it).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use libtest_mimic::{Arguments, Completion, Trial};
+
+#[path = "../../handoff/tests/common/exit.rs"]
+mod exit;
+use exit::Exit;
+
+fn main() {
+    let args = Arguments::from_args();
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let trials = vec![
+        Trial::test(
+            stringify!(demo_serves_the_site_and_metrics_then_stops_cleanly),
+            || {
+                demo_serves_the_site_and_metrics_then_stops_cleanly();
+                Ok(())
+            },
+        ),
+        Trial::ignorable_test(
+            stringify!(demo_hands_off_without_any_capability),
+            move || {
+                if !root {
+                    return Ok(Completion::ignored_with(
+                        "needs root to drop capabilities; unprivileged, the test above covers it",
+                    ));
+                }
+                demo_hands_off_without_any_capability();
+                Ok(Completion::Completed)
+            },
+        ),
+        Trial::test(
+            stringify!(node_runs_from_a_config_file_and_flags_override_it),
+            || {
+                node_runs_from_a_config_file_and_flags_override_it();
+                Ok(())
+            },
+        ),
+        Trial::test(stringify!(bad_input_gives_clear_errors), || {
+            bad_input_gives_clear_errors();
+            Ok(())
+        }),
+        Trial::test(stringify!(demo_nodes_do_not_outlive_a_killed_demo), || {
+            demo_nodes_do_not_outlive_a_killed_demo();
+            Ok(())
+        }),
+    ];
+    libtest_mimic::run(&args, trials).exit()
+}
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_switchyard"))
@@ -38,36 +88,29 @@ fn term(child: &mut Child) -> std::process::ExitStatus {
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    let t = Instant::now();
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            return st;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(15),
-            "did not stop on SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let exited = Exit::watch(child.id()).wait(Duration::from_secs(15));
+    assert!(exited, "did not stop on SIGTERM");
+    child.wait().unwrap()
 }
 
-#[test]
+/// The children of process `pid` (from every one of its threads).
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let list = std::fs::read_to_string(task.unwrap().path().join("children")).unwrap();
+        out.extend(list.split_whitespace().map(|p| p.parse::<u32>().unwrap()));
+    }
+    out
+}
+
 fn demo_serves_the_site_and_metrics_then_stops_cleanly() {
     run_demo(bin());
 }
 
-/// The demo's one-way delivery needs no privileges: run it with every capability dropped
-/// (when the tests run as root and `setpriv` is there; otherwise the test above already ran
-/// without privileges).
-#[test]
+/// The demo's one-way delivery needs no privileges: run it with every capability dropped.
+/// Needs root to drop them; without root it is reported as ignored (the test above then
+/// already ran the demo without privileges).
 fn demo_hands_off_without_any_capability() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        println!(
-            "SKIP demo_hands_off_without_any_capability: already unprivileged (covered above)"
-        );
-        return;
-    }
     let setpriv = ["/usr/bin/setpriv", "/bin/setpriv"]
         .into_iter()
         .find(|p| std::path::Path::new(p).exists())
@@ -189,7 +232,6 @@ fn run_demo(mut cmd: Command) {
     );
 }
 
-#[test]
 fn node_runs_from_a_config_file_and_flags_override_it() {
     let root = tempfile::tempdir().unwrap();
     std::fs::write(root.path().join("hello.txt"), b"hi there").unwrap();
@@ -239,7 +281,6 @@ fn node_runs_from_a_config_file_and_flags_override_it() {
     assert!(term(&mut run.0).success());
 }
 
-#[test]
 fn bad_input_gives_clear_errors() {
     let cfg_dir = tempfile::tempdir().unwrap();
     let cfg = cfg_dir.path().join("bad.toml");
@@ -277,7 +318,6 @@ fn bad_input_gives_clear_errors() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("/no/such.toml"));
 }
 
-#[test]
 fn demo_nodes_do_not_outlive_a_killed_demo() {
     let child = bin()
         .args([
@@ -316,15 +356,20 @@ fn demo_nodes_do_not_outlive_a_killed_demo() {
     for n in &nodes {
         assert!(TcpStream::connect(n).is_ok(), "node {n} not serving");
     }
+    // Watch the node processes before the demo goes (their pids cannot be
+    // reused while we hold their pidfds).
+    let procs: Vec<Exit> = children(run.0.id()).into_iter().map(Exit::watch).collect();
+    assert_eq!(procs.len(), 2, "the demo's children: two nodes");
     // No chance to clean up: the nodes must still go.
     run.0.kill().unwrap();
     run.0.wait().unwrap();
-    let t = Instant::now();
-    while nodes.iter().any(|n| TcpStream::connect(n).is_ok()) {
+    for p in &procs {
         assert!(
-            t.elapsed() < Duration::from_secs(10),
+            p.wait(Duration::from_secs(10)),
             "a node outlived the demo: {nodes:?}"
         );
-        std::thread::sleep(Duration::from_millis(50));
+    }
+    for n in &nodes {
+        assert!(TcpStream::connect(n).is_err(), "node {n} still serving");
     }
 }

@@ -1,38 +1,30 @@
 //! One-way delivery across hosts with the real binaries: `switchyard lab up --mechanism handoff`
 //! starts a switch and two nodes in their own network namespaces; clients in the client
-//! namespace fetch through the VIP. Needs root (network namespaces, TCP_REPAIR, tc/eBPF);
-//! `SWITCHYARD_SKIP_ROOT_TESTS=1` skips it with a message.
+//! namespace fetch through the VIP. Needs root (network namespaces, TCP_REPAIR, tc/eBPF):
+//! without it, or with `SWITCHYARD_SKIP_ROOT_TESTS=1`, the runner reports the tests as
+//! ignored with the reason (crates/handoff/tests/common/root.rs, shared with the handoff
+//! crate's root tests).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use switchyard_handoff::netns::{self, NetNs};
+use switchyard_handoff::netns::NetNs;
+
+#[path = "../../handoff/tests/common/root.rs"]
+mod root;
+
+fn main() {
+    root::main(root::tests![
+        handoff_across_hosts_with_the_real_switch_and_nodes,
+        multiple_handoff_and_backend_forwarding_across_hosts,
+        handoff_with_nftables_steering,
+    ]);
+}
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_switchyard"))
-}
-
-fn root_test(name: &str) -> bool {
-    if std::env::var("SWITCHYARD_SKIP_ROOT_TESTS").as_deref() == Ok("1") {
-        println!("SKIP {name}: SWITCHYARD_SKIP_ROOT_TESTS=1 (needs root and network namespaces)");
-        return false;
-    }
-    assert!(
-        netns::has_admin_caps(),
-        "{name}: needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN); run as root or set SWITCHYARD_SKIP_ROOT_TESTS=1"
-    );
-    for tool in ["ip", "tc", "nft", "clang", "bpftool", "curl"] {
-        assert!(
-            netns::which(tool).is_some(),
-            "{name}: `{tool}` is missing; run scripts/install-lab-deps"
-        );
-    }
-    if let Err(e) = switchyard_handoff::repair::check_capability() {
-        panic!("{name}: TCP_REPAIR unavailable: {e}");
-    }
-    true
 }
 
 /// A lab that is taken down when the test ends, however it ends.
@@ -246,11 +238,7 @@ fn sample(size: usize) -> Vec<u8> {
     (0..size).map(|i| b'a' + (i % 26) as u8).collect()
 }
 
-#[test]
 fn handoff_across_hosts_with_the_real_switch_and_nodes() {
-    if !root_test("handoff_across_hosts_with_the_real_switch_and_nodes") {
-        return;
-    }
     let lab = Lab::up('h', &[]);
     let vip = lab.vip();
     let started = Instant::now();
@@ -455,11 +443,7 @@ fn handoff_across_hosts_with_the_real_switch_and_nodes() {
     assert!(started.elapsed() < Duration::from_secs(240));
 }
 
-#[test]
 fn multiple_handoff_and_backend_forwarding_across_hosts() {
-    if !root_test("multiple_handoff_and_backend_forwarding_across_hosts") {
-        return;
-    }
     // Sixteen targets: consistent hashing spreads them over both nodes.
     let site = tempfile::tempdir().unwrap();
     let file = |i: usize| -> Vec<u8> { (0..3000 + i).map(|k| (k * 7 + i) as u8).collect() };
@@ -529,11 +513,7 @@ fn multiple_handoff_and_backend_forwarding_across_hosts() {
     }
 }
 
-#[test]
 fn handoff_with_nftables_steering() {
-    if !root_test("handoff_with_nftables_steering") {
-        return;
-    }
     let lab = Lab::up('n', &["--switch-arg=--steering=nftables"]);
     let vip = lab.vip();
     let until = Instant::now() + Duration::from_secs(10);

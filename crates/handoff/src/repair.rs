@@ -247,6 +247,16 @@ pub fn unacked(fd: BorrowedFd<'_>) -> io::Result<u32> {
 /// acknowledged, as multiple handoff requires before a node hands a
 /// connection on (seed 003 §7.2). Returns false on timeout.
 pub fn wait_acked(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
+    // Why a bounded poll: the kernel has no readiness event for "the send
+    // queue is fully acknowledged" on a socket whose data is already written.
+    // POLLOUT/EPOLLOUT fire on free send-buffer space (or, with
+    // TCP_NOTSENT_LOWAT, on *unsent* bytes), not on unacknowledged ones;
+    // SO_SNDLOWAT cannot be set on Linux; acknowledgement notices
+    // (SO_TIMESTAMPING with SOF_TIMESTAMPING_TX_ACK, MSG_ZEROCOPY completions)
+    // only cover data sent after they were enabled, by the writer itself.
+    // So the queue is read with SIOCOUTQ until it is empty; the ACK comes
+    // about one round trip after the last write (tens of microseconds on a
+    // LAN), so a 200 µs step adds little, and `timeout` bounds the wait.
     let deadline = Instant::now() + timeout;
     loop {
         if unacked(fd)? == 0 {

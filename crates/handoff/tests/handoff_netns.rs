@@ -1,6 +1,6 @@
 //! Root tests: real handoffs between network namespaces the tests build and
-//! remove. Without root they fail with a clear message, unless
-//! SWITCHYARD_SKIP_ROOT_TESTS=1 (then they print a skip line).
+//! remove. Without root, or with SWITCHYARD_SKIP_ROOT_TESTS=1, the runner
+//! reports them as ignored with the reason (see `common/root.rs`).
 
 mod common;
 
@@ -9,15 +9,24 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use common::cluster::{Backend, Cluster, Opts};
-use common::{big_body, connect, get_many, in_ns, read_response, root_test, watchdog};
+use common::cluster::{Backend, Cluster, Fallback, Opts};
+use common::{big_body, connect, get_many, in_ns, read_response, watchdog};
+use switchyard_handoff::proto::DropReason;
 use switchyard_handoff::steer::Flow;
 
-#[test]
+fn main() {
+    common::root::main(common::root::tests![
+        curl_keepalive_and_pipelined_through_a_handoff,
+        five_megabytes_and_multiple_handoff_on_one_connection,
+        refused_handoff_falls_back_to_the_switch,
+        client_reusing_a_source_port_ebpf,
+        client_reusing_a_source_port_nftables,
+        node_killed_after_a_handoff,
+        ten_thousand_handed_off_requests,
+    ]);
+}
+
 fn curl_keepalive_and_pipelined_through_a_handoff() {
-    if !root_test("curl_keepalive_and_pipelined_through_a_handoff") {
-        return;
-    }
     let _w = watchdog("curl_keepalive_and_pipelined", Duration::from_secs(120));
     let c = Cluster::start(Opts::default());
     let vip = c.vip;
@@ -65,11 +74,7 @@ fn curl_keepalive_and_pipelined_through_a_handoff() {
     assert_eq!(c.stats.fallbacks.load(Relaxed), 0);
 }
 
-#[test]
 fn five_megabytes_and_multiple_handoff_on_one_connection() {
-    if !root_test("five_megabytes_and_multiple_handoff_on_one_connection") {
-        return;
-    }
     let _w = watchdog(
         "five_megabytes_and_multiple_handoff",
         Duration::from_secs(120),
@@ -113,11 +118,7 @@ fn five_megabytes_and_multiple_handoff_on_one_connection() {
     assert!(r[2].text().starts_with("resp 2 from node"));
 }
 
-#[test]
 fn refused_handoff_falls_back_to_the_switch() {
-    if !root_test("refused_handoff_falls_back_to_the_switch") {
-        return;
-    }
     let _w = watchdog("refused_handoff_falls_back", Duration::from_secs(120));
     let c = Cluster::start(Opts {
         nodes: 1,
@@ -137,6 +138,28 @@ fn refused_handoff_falls_back_to_the_switch() {
     assert!(r[1].text().starts_with("resp 2 from switch"));
     assert_eq!(c.stats.fallbacks.load(Relaxed), 1);
     assert_eq!(c.steering.live(), 0);
+}
+
+/// Resets the connection on `s` now (`connect(AF_UNSPEC)`: the kernel's
+/// disconnect, which sends RST on an established connection and frees the
+/// 4-tuple whatever else still refers to the socket).
+fn abort(s: &TcpStream) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a zeroed sockaddr with family AF_UNSPEC, its true length.
+    let r = unsafe {
+        let mut sa: libc::sockaddr = std::mem::zeroed();
+        sa.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
+        libc::connect(
+            s.as_raw_fd(),
+            &sa,
+            std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 fn reuse_port_case(backend: Backend) {
@@ -161,7 +184,11 @@ fn reuse_port_case(backend: Backend) {
         let r = read_response(&mut t, &mut buf)?;
         // Abortive close: no TIME_WAIT on the client, so the port can be
         // reused at once; the node sees the reset, the entry stays (linger).
-        socket2::SockRef::from(&t).set_linger(Some(Duration::ZERO))?;
+        // connect(AF_UNSPEC) resets the connection itself; close() with a
+        // zero linger would not while another reference to the socket
+        // exists, and other tests in this process spawn commands, whose
+        // children hold a copy of every descriptor until they exec.
+        abort(&t)?;
         Ok(r.text())
     };
     let first = in_ns(c.client_ns(), move || get_from("/n/first")).expect("first connection");
@@ -186,27 +213,15 @@ fn reuse_port_case(backend: Backend) {
     let _ = flow;
 }
 
-#[test]
 fn client_reusing_a_source_port_ebpf() {
-    if !root_test("client_reusing_a_source_port_ebpf") {
-        return;
-    }
     reuse_port_case(Backend::Ebpf);
 }
 
-#[test]
 fn client_reusing_a_source_port_nftables() {
-    if !root_test("client_reusing_a_source_port_nftables") {
-        return;
-    }
     reuse_port_case(Backend::Nft);
 }
 
-#[test]
 fn node_killed_after_a_handoff() {
-    if !root_test("node_killed_after_a_handoff") {
-        return;
-    }
     let _w = watchdog("node_killed_after_a_handoff", Duration::from_secs(120));
     let mut c = Cluster::start(Opts::default());
     let vip = c.vip;
@@ -249,7 +264,6 @@ fn node_killed_after_a_handoff() {
         .position(|t| t.starts_with("hello from node0"))
         .expect("one connection on node0");
     c.kill_node(0);
-    std::thread::sleep(Duration::from_millis(300));
     tx.send(()).unwrap();
     let outcomes = h.join().unwrap();
     let (_, r0, took) = &outcomes[on0];
@@ -275,11 +289,7 @@ fn node_killed_after_a_handoff() {
     );
 }
 
-#[test]
 fn ten_thousand_handed_off_requests() {
-    if !root_test("ten_thousand_handed_off_requests") {
-        return;
-    }
     let _w = watchdog("ten_thousand_handed_off_requests", Duration::from_secs(300));
     // Nodes restore without the window probe here (the other tests use it).
     let c = Cluster::start(Opts {
@@ -297,9 +307,11 @@ fn ten_thousand_handed_off_requests() {
             std::thread::spawn(move || {
                 let _g = ns.enter().unwrap();
                 let mut errors = Vec::new();
+                let mut ports = Vec::with_capacity(PER);
                 for i in 0..PER {
                     let r = (|| -> std::io::Result<String> {
                         let mut s = connect(vip)?;
+                        ports.push(s.local_addr()?.port());
                         s.write_all(
                             format!(
                                 "GET /n/{t}-{i} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
@@ -310,7 +322,7 @@ fn ten_thousand_handed_off_requests() {
                         Ok(read_response(&mut s, &mut buf)?.text())
                     })();
                     // A correct answer from the switch is a fallback to
-                    // relaying (counted below), not a client-visible error.
+                    // relaying (checked below), not a client-visible error.
                     match r {
                         Ok(text)
                             if text.starts_with(&format!("resp {t}-{i} from node"))
@@ -318,20 +330,26 @@ fn ten_thousand_handed_off_requests() {
                         other => errors.push(format!("{t}-{i}: {other:?}")),
                     }
                 }
-                errors
+                (errors, ports)
             })
         })
         .collect();
-    let errors: Vec<String> = handles
-        .into_iter()
-        .flat_map(|h| h.join().unwrap())
-        .collect();
+    let mut errors = Vec::new();
+    let mut uses = std::collections::HashMap::<u16, usize>::new();
+    for h in handles {
+        let (e, ports) = h.join().unwrap();
+        errors.extend(e);
+        for p in ports {
+            *uses.entry(p).or_default() += 1;
+        }
+    }
     let took = t0.elapsed();
+    let fallbacks = c.stats.fallbacks_with_reasons();
     println!(
-        "10000 handed-off requests in {took:?} ({:.0}/s), {} errors, fallbacks {}",
+        "10000 handed-off requests in {took:?} ({:.0}/s), {} errors, {} fallbacks: {fallbacks:?}",
         10_000.0 / took.as_secs_f64(),
         errors.len(),
-        c.stats.fallbacks.load(Relaxed)
+        fallbacks.len(),
     );
     assert!(
         errors.is_empty(),
@@ -342,12 +360,22 @@ fn ten_thousand_handed_off_requests() {
     c.wait_for("10000 handoffs", |s| {
         s.handoffs.load(Relaxed) + s.fallbacks.load(Relaxed) == 10_000
     });
-    // Handoff must carry the load: fallbacks (a node slow to accept under
-    // load) stay rare.
-    let fallbacks = c.stats.fallbacks.load(Relaxed);
-    assert!(
-        fallbacks <= 100,
-        "{fallbacks} of 10000 requests fell back to relaying"
-    );
-    assert_eq!(c.stats.fallbacks.load(Relaxed), 0);
+    // Every request went to a node, but one: 10,000 connections wrap the
+    // client's ephemeral port range, and a node whose kernel still holds a
+    // socket of an earlier connection on the same 4-tuple cannot restore
+    // the new one (connect in repair mode: EADDRNOTAVAIL). The node says
+    // Drop and the switch serves the request itself, correctly (checked
+    // above). Only that fallback is allowed, and only for a client port
+    // used more than once in this run; a timeout, a refused or failed dump
+    // is a defect.
+    for (why, client, detail) in c.stats.fallbacks_with_reasons() {
+        let reused = uses.get(&client.port()).copied().unwrap_or(0) > 1;
+        assert!(
+            why == Fallback::Dropped(DropReason::RestoreFailed)
+                && detail.contains("Cannot assign requested address")
+                && reused,
+            "fallback {why:?} for {client} (port used {} times): {detail}",
+            uses.get(&client.port()).copied().unwrap_or(0)
+        );
+    }
 }

@@ -1,20 +1,25 @@
 //! Root test of `switchyard lab`: up (hosts and processes), status --json,
-//! exec on a client, down — and teardown after a failed build.
+//! exec on a client, down — and teardown after a failed build. Reported as
+//! ignored without root (see `common/root.rs`).
 
 mod common;
 
 use std::io::Write;
 use std::time::Duration;
 
+use common::exit::Exit;
 use switchyard_handoff::lab::cli::{run, LabCommand, LabTarget, Mechanism};
 use switchyard_handoff::lab::Topology;
 use switchyard_handoff::netns::NetNs;
 
-#[test]
+fn main() {
+    common::root::main(common::root::tests![
+        lab_up_status_exec_down,
+        failed_build_leaves_nothing_behind,
+    ]);
+}
+
 fn lab_up_status_exec_down() {
-    if !common::root_test("lab_up_status_exec_down") {
-        return;
-    }
     let _w = common::watchdog("lab_up_status_exec_down", Duration::from_secs(120));
     let dir = tempfile::tempdir().unwrap();
     std::env::set_var("SWITCHYARD_LAB_DIR", dir.path());
@@ -133,6 +138,8 @@ fn lab_up_status_exec_down() {
     .is_err());
 
     out.clear();
+    let pids: Vec<u64> = procs.iter().map(|p| p["pid"].as_u64().unwrap()).collect();
+    let exits: Vec<Exit> = pids.iter().map(|&p| Exit::watch(p as u32)).collect();
     run(
         &LabCommand::Down {
             target: target.clone(),
@@ -141,8 +148,12 @@ fn lab_up_status_exec_down() {
     )
     .unwrap();
     assert!(Topology::existing(&prefix).is_empty());
-    let pids: Vec<u64> = procs.iter().map(|p| p["pid"].as_u64().unwrap()).collect();
-    std::thread::sleep(Duration::from_millis(200));
+    for (p, e) in pids.iter().zip(&exits) {
+        assert!(
+            e.wait(Duration::from_secs(10)),
+            "process {p} survived lab down"
+        );
+    }
     for p in pids {
         let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
         assert!(
@@ -165,11 +176,7 @@ fn lab_up_status_exec_down() {
     run(&LabCommand::Down { target }, &mut out).unwrap();
 }
 
-#[test]
 fn failed_build_leaves_nothing_behind() {
-    if !common::root_test("failed_build_leaves_nothing_behind") {
-        return;
-    }
     let prefix = format!("syt{}f", std::process::id() % 100_000);
     // Occupy the name of the third host's namespace, so the build fails half-way.
     let blocker = format!("{prefix}-n1");

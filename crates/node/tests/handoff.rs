@@ -15,7 +15,7 @@ use switchyard_handoff::fdpass::{FdConn, FdReceiver, FdSender, MsgReader, MsgWri
 use switchyard_handoff::proto::{DropReason, Message, RouteAction, Transfer};
 use switchyard_handoff::repair::RepairState;
 
-use common::{write, Client, TestNode};
+use common::{eventually, write, Client, TestNode};
 
 const WAIT: Duration = Duration::from_secs(5);
 
@@ -418,10 +418,14 @@ fn refused_while_shutting_down_and_socket_file_removed() {
     // A client in the middle of its request keeps the node draining.
     let mut slow = node.client();
     slow.send(b"GET /a.txt HTTP/1.1\r\nHost: t\r\n");
-    std::thread::sleep(Duration::from_millis(50));
+    assert!(eventually(WAIT, || {
+        node.metric("switchyard_node_connections_active") == 1.0
+    }));
     let running = node.node.take().unwrap();
+    let addr = node.addr;
     let done = node.rt.spawn(running.shutdown(WAIT));
-    std::thread::sleep(Duration::from_millis(100));
+    // Shutting down has begun once the listener is gone.
+    assert!(eventually(WAIT, || TcpStream::connect(addr).is_err()));
 
     let (mut h, answer) = sw.create(&get("/a.txt"), false);
     let Message::Drop { reason, .. } = answer else {
@@ -703,7 +707,9 @@ fn unanswered_or_orphaned_route_queries_are_served_locally() {
     );
     // The switch goes away: later requests are served at once.
     drop(sw);
-    std::thread::sleep(Duration::from_millis(50));
+    assert!(eventually(WAIT, || {
+        node.metric("switchyard_node_handoff_control_connections") == 0.0
+    }));
     let t = std::time::Instant::now();
     assert_eq!(client.get("/a.txt").body, b"alpha");
     assert!(t.elapsed() < Duration::from_secs(1));

@@ -245,16 +245,23 @@ fn saturated_nodes_queue_then_answer_503_with_retry_after() {
     });
     let addr = sw.addr;
     let t = Instant::now();
-    let handles: Vec<_> = (0..3)
-        .map(|i| {
-            std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(i * 50));
-                let mut c = Client::connect(addr);
-                let r = c.get(&format!("/s{i}"));
-                (r.status, r.header("Retry-After").map(str::to_owned))
-            })
+    let active = format!("switchyard_switch_node_active{{node=\"{}\"}}", node.addr);
+    let get = move |i: usize| {
+        std::thread::spawn(move || {
+            let mut c = Client::connect(addr);
+            let r = c.get(&format!("/s{i}"));
+            (r.status, r.header("Retry-After").map(str::to_owned))
         })
-        .collect();
+    };
+    // The first in flight on the node, the second waiting in the queue, then
+    // the third.
+    let mut handles = vec![get(0)];
+    assert!(eventually(Duration::from_secs(5), || sw.metric(&active) == 1.0));
+    handles.push(get(1));
+    assert!(eventually(Duration::from_secs(5), || {
+        sw.metric("switchyard_switch_queue_length") == 1.0
+    }));
+    handles.push(get(2));
     let mut got: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
     got.sort();
     // One in flight, one queued (served after the first), one refused.
@@ -275,7 +282,7 @@ fn saturated_nodes_queue_then_answer_503_with_retry_after() {
     });
     let a2 = sw2.addr;
     let first = std::thread::spawn(move || Client::connect(a2).get("/s5").status);
-    std::thread::sleep(Duration::from_millis(50));
+    assert!(eventually(Duration::from_secs(5), || sw2.metric(&active) == 1.0));
     let r = sw2.client().get("/s6");
     assert_eq!(r.status, 503);
     assert_eq!(r.header("Retry-After"), Some("1"));
@@ -362,7 +369,8 @@ fn shutdown_drains_busy_connections_and_closes_idle_ones() {
     assert_eq!(idle.get("/who").status, 404);
     let mut busy = sw.client();
     busy.send(b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\n");
-    std::thread::sleep(Duration::from_millis(100));
+    let active = format!("switchyard_switch_node_active{{node=\"{}\"}}", node.addr);
+    assert!(eventually(Duration::from_secs(5), || sw.metric(&active) == 1.0));
     let running = sw.sw.take().unwrap();
     let t = Instant::now();
     let drained = std::thread::spawn({

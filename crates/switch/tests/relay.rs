@@ -216,9 +216,9 @@ fn bodies_are_forwarded_and_responses_of_every_framing_relayed() {
         )
         .as_bytes(),
     );
+    // Larger than a socket buffer: the switch reads it in several pieces.
     for part in big.chunks(70_000) {
         c.send(part);
-        std::thread::sleep(Duration::from_millis(5));
     }
     assert!(c.response(false).body == big);
     // Chunked response relayed to a 1.1 client as is.
@@ -285,6 +285,8 @@ fn bad_input_is_answered_while_other_clients_carry_on() {
     let stop = Arc::new(AtomicBool::new(false));
     let ok = Arc::new(AtomicU64::new(0));
     let addr = sw.addr;
+    // Each answer of the good client is also an event on `progress`.
+    let (progress, answers) = std::sync::mpsc::channel::<()>();
     let good = {
         let (stop, ok) = (stop.clone(), ok.clone());
         std::thread::spawn(move || {
@@ -295,6 +297,7 @@ fn bad_input_is_answered_while_other_clients_carry_on() {
                 assert_eq!(r.status, 200);
                 assert!(r.body == want);
                 ok.fetch_add(1, Ordering::Relaxed);
+                let _ = progress.send(());
             }
         })
     };
@@ -328,33 +331,53 @@ fn bad_input_is_answered_while_other_clients_carry_on() {
     );
     assert_eq!(c.response(false).status, 400);
     assert!(c.is_closed());
-    // A slow client (slowloris): cut off by the header timeout with 408.
+    // A slow client (slowloris): a byte every 20 ms until the switch answers;
+    // the header timeout (400 ms) cuts it off with 408.
     let mut c = sw.client();
     let t = std::time::Instant::now();
-    let mut got = None;
+    c.stream
+        .set_read_timeout(Some(Duration::from_millis(20)))
+        .unwrap();
     for b in b"GET /a HTTP/1.1\r\nHost: t\r\nX-Slow: "
         .iter()
         .chain(std::iter::repeat(&b'z'))
     {
-        if c.stream.write_all(&[*b]).is_err() || t.elapsed() > Duration::from_millis(800) {
+        if c.stream.write_all(&[*b]).is_err() {
             break;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        // The pause between bytes is a wait for the switch's answer.
+        match c.stream.peek(&mut [0u8; 1]) {
+            Ok(_) => break,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) => panic!("slow client: {e}"),
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "slow client never cut off"
+        );
     }
-    if let Ok(r) = c.try_response(false) {
-        got = Some(r.status);
-    }
-    assert_eq!(got, Some(408));
+    c.stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let cut = t.elapsed();
+    assert_eq!(c.try_response(false).map(|r| r.status), Ok(408));
+    assert!(cut >= Duration::from_millis(400), "cut off after {cut:?}");
     // A client that connects and sends nothing is closed quietly.
     let mut idle = sw.client();
     assert!(idle.is_closed());
 
+    // The good client still gets answers after all of that.
     let before = ok.load(Ordering::Relaxed);
-    std::thread::sleep(Duration::from_millis(100));
+    while answers.try_recv().is_ok() {}
+    let more = answers.recv_timeout(Duration::from_secs(10));
     stop.store(true, Ordering::Relaxed);
     good.join().unwrap();
     assert!(
-        ok.load(Ordering::Relaxed) > before,
+        more.is_ok() && ok.load(Ordering::Relaxed) > before,
         "the good client stalled"
     );
     assert!(

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -29,6 +29,8 @@ use super::{big_body, find, LabGuard};
 
 pub const CONTROL_PORT: u16 = 7000;
 pub const HTTP_PORT: u16 = 80;
+/// How long the mini switch waits for a node's `Accepted` or `Drop`.
+pub const HANDOFF_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Steering backend of the mini switch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,8 +71,61 @@ pub struct Stats {
     pub handoffs: AtomicU64,
     pub hand_backs: AtomicU64,
     pub fallbacks: AtomicU64,
+    /// Each fallback's reason, client and detail (a node's `Drop` detail,
+    /// an errno).
+    pub fallback_reasons: Mutex<Vec<(Fallback, SocketAddr, String)>>,
     pub closed: AtomicU64,
     pub dump_ns: Mutex<Vec<u64>>,
+    /// Nodes whose control connection ended (after their entries went).
+    pub nodes_lost: Mutex<Vec<usize>>,
+    /// Signalled after every count, for [`Cluster::wait_for`].
+    changed: Condvar,
+    changed_lock: Mutex<()>,
+}
+
+/// Why the mini switch kept a connection and served it itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fallback {
+    /// No node was up.
+    NoNode,
+    /// `TCP_REPAIR` dump failed on the switch.
+    DumpFailed,
+    /// The node answered `Drop` with this reason.
+    Dropped(DropReason),
+    /// Neither `Accepted` nor `Drop` within the handoff timeout.
+    Timeout,
+    /// The control connection to the node ended before its answer.
+    LinkLost,
+}
+
+impl Stats {
+    /// Counts one on `counter` and wakes the waiters of [`Cluster::wait_for`].
+    fn count(&self, counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+        self.notify();
+    }
+
+    /// Wakes the waiters of [`Cluster::wait_for`] after a change.
+    fn notify(&self) {
+        // Taking the lock orders this after a waiter's check: a waiter that
+        // found the old state is already waiting when the signal comes.
+        let _g = self.changed_lock.lock().unwrap();
+        self.changed.notify_all();
+    }
+
+    fn fallback(&self, why: Fallback, client: SocketAddr, detail: String) {
+        dbg_log(format!("switch: fallback {why:?} {client}: {detail}"));
+        self.fallback_reasons
+            .lock()
+            .unwrap()
+            .push((why, client, detail));
+        self.count(&self.fallbacks);
+    }
+
+    /// The fallbacks so far, with their reasons and clients.
+    pub fn fallbacks_with_reasons(&self) -> Vec<(Fallback, SocketAddr, String)> {
+        self.fallback_reasons.lock().unwrap().clone()
+    }
 }
 
 pub struct Cluster {
@@ -79,7 +134,8 @@ pub struct Cluster {
     pub vip: SocketAddr,
     pub steering: Arc<dyn Steering>,
     node_kill: Vec<Option<oneshot::Sender<()>>>,
-    threads: Vec<std::thread::JoinHandle<()>>,
+    /// The nodes' threads (by index), then the switch's.
+    threads: Vec<Option<std::thread::JoinHandle<()>>>,
     stop: Option<oneshot::Sender<()>>,
     drop_rules: Vec<(String, NoSocketDrop)>,
     backend: Backend,
@@ -87,16 +143,18 @@ pub struct Cluster {
 
 impl Cluster {
     /// Waits until `f` holds (the switch counts an `Accepted` after the
-    /// client may already have its response).
+    /// client may already have its response): rechecks after each count.
     pub fn wait_for(&self, what: &str, f: impl Fn(&Stats) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(10);
+        let mut g = self.stats.changed_lock.lock().unwrap();
         while !f(&self.stats) {
+            let left = deadline.saturating_duration_since(Instant::now());
             assert!(
-                Instant::now() < deadline,
+                !left.is_zero(),
                 "timed out waiting for {what}: {:?}",
                 self.stats
             );
-            std::thread::sleep(Duration::from_millis(5));
+            g = self.stats.changed.wait_timeout(g, left).unwrap().0;
         }
     }
 
@@ -122,7 +180,7 @@ impl Cluster {
             let ropts = repair::RestoreOptions {
                 window_probe: opts.window_probe,
             };
-            threads.push(std::thread::spawn(move || {
+            threads.push(Some(std::thread::spawn(move || {
                 let _g = ns.enter().unwrap();
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
@@ -130,7 +188,7 @@ impl Cluster {
                     .unwrap();
                 rt.block_on(node_main(name, ip, refuse, ropts, kill_rx, ready_tx));
                 rt.shutdown_background();
-            }));
+            })));
             ready_rx
                 .recv_timeout(Duration::from_secs(10))
                 .expect("node ready");
@@ -161,7 +219,7 @@ impl Cluster {
             let steering = steering.clone();
             let stats = stats.clone();
             let linger = opts.linger;
-            threads.push(std::thread::spawn(move || {
+            threads.push(Some(std::thread::spawn(move || {
                 let _g = sw_ns.enter().unwrap();
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
@@ -171,7 +229,7 @@ impl Cluster {
                     vip, nodes, steering, stats, stop_rx, linger, ready_tx,
                 ));
                 rt.shutdown_background();
-            }));
+            })));
         }
         ready_rx
             .recv_timeout(Duration::from_secs(10))
@@ -190,11 +248,18 @@ impl Cluster {
     }
 
     /// Stops node `i` abruptly: its tasks and sockets go away as if its
-    /// process had been killed.
+    /// process had been killed. Returns once they are gone and the switch
+    /// has seen its control connection end.
     pub fn kill_node(&mut self, i: usize) {
         if let Some(tx) = self.node_kill[i].take() {
             let _ = tx.send(());
         }
+        if let Some(t) = self.threads[i].take() {
+            t.join().expect("node thread");
+        }
+        self.wait_for("the switch to see the node gone", |s| {
+            s.nodes_lost.lock().unwrap().contains(&i)
+        });
     }
 
     pub fn client_ns(&self) -> NetNs {
@@ -216,7 +281,7 @@ impl Drop for Cluster {
                 let _ = tx.send(());
             }
         }
-        for t in self.threads.drain(..) {
+        for t in self.threads.drain(..).flatten() {
             let _ = t.join();
         }
         let sw_ns = self.lab.ns("switch");
@@ -395,10 +460,17 @@ async fn node_main(
             match repair::restore_with(&state, local, client, ropts) {
                 Err(e) => {
                     dbg_log(format!("{name}: restore failed: {e}"));
+                    // What the node's kernel still holds for this 4-tuple
+                    // (an earlier connection from the same client port).
+                    let held = std::process::Command::new("ss")
+                        .args(["-tanoei", "dst", &client.to_string()])
+                        .output()
+                        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                        .unwrap_or_else(|e| format!("ss: {e}"));
                     let _ = tx.send(Message::Drop {
                         id,
                         reason: DropReason::RestoreFailed,
-                        detail: e.to_string(),
+                        detail: format!("{name}: {e}; sockets to {client}: {held}"),
                     });
                 }
                 Ok(fd) => {
@@ -479,7 +551,9 @@ struct Conn {
     local: SocketAddr,
 }
 
-type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<bool>>>>;
+/// The node's answer to a `Create`: `Ok` for `Accepted`, else its `Drop`.
+type Answer = Result<(), (DropReason, String)>;
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Answer>>>>;
 
 struct Sw {
     nodes: Vec<(Ipv4Addr, [u8; 6])>,
@@ -537,17 +611,10 @@ async fn switch_main(
     let mut writers = Vec::new();
     let mut readers = Vec::new();
     for (ip, _) in &nodes {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let ctl = loop {
-            match TcpStream::connect((*ip, CONTROL_PORT)).await {
-                Ok(s) => break s,
-                Err(e) if Instant::now() < deadline => {
-                    let _ = e;
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                Err(e) => panic!("control connection to {ip}: {e}"),
-            }
-        };
+        // The nodes listen before the switch starts (`Cluster::start`).
+        let ctl = TcpStream::connect((*ip, CONTROL_PORT))
+            .await
+            .unwrap_or_else(|e| panic!("control connection to {ip}: {e}"));
         ctl.set_nodelay(true).unwrap();
         let (r, w) = ctl.into_split();
         let (tx, mut rx) = mpsc::unbounded_channel::<Message>();
@@ -609,16 +676,16 @@ async fn control_reader(
         match m {
             Message::Accepted { id } => {
                 if let Some(tx) = sw.pending.lock().unwrap().remove(&id) {
-                    let _ = tx.send(true);
+                    let _ = tx.send(Ok(()));
                 }
             }
-            Message::Drop { id, .. } => {
+            Message::Drop { id, reason, detail } => {
                 if let Some(tx) = sw.pending.lock().unwrap().remove(&id) {
-                    let _ = tx.send(false);
+                    let _ = tx.send(Err((reason, detail)));
                 }
             }
             Message::Closed { id, .. } => {
-                sw.stats.closed.fetch_add(1, Ordering::Relaxed);
+                sw.stats.count(&sw.stats.closed);
                 if let Some(c) = sw.conns.lock().unwrap().remove(&id) {
                     sw.remove_later(c.flow);
                 }
@@ -629,7 +696,7 @@ async fn control_reader(
                 preread,
                 ..
             } => {
-                sw.stats.hand_backs.fetch_add(1, Ordering::Relaxed);
+                sw.stats.count(&sw.stats.hand_backs);
                 let next = sw.pick(i);
                 let mut conns = sw.conns.lock().unwrap();
                 let Some(c) = conns.get_mut(&id) else {
@@ -647,7 +714,7 @@ async fn control_reader(
                     preread,
                     route: false,
                 });
-                sw.stats.handoffs.fetch_add(1, Ordering::Relaxed);
+                sw.stats.count(&sw.stats.handoffs);
             }
             _ => {}
         }
@@ -670,6 +737,8 @@ async fn control_reader(
     for f in gone {
         let _ = sw.steering.remove(&f);
     }
+    sw.stats.nodes_lost.lock().unwrap().push(i);
+    sw.stats.notify();
 }
 
 async fn handle_client(sw: Arc<Sw>, mut s: TcpStream, peer: SocketAddr, rr: usize) {
@@ -688,7 +757,7 @@ async fn handle_client(sw: Arc<Sw>, mut s: TcpStream, peer: SocketAddr, rr: usiz
     }
     let local = s.local_addr().unwrap();
     let Some(node) = sw.pick(rr) else {
-        sw.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
+        sw.stats.fallback(Fallback::NoNode, peer, String::new());
         serve(s, buf, "switch", false).await;
         return;
     };
@@ -704,9 +773,8 @@ async fn handle_client(sw: Arc<Sw>, mut s: TcpStream, peer: SocketAddr, rr: usiz
     let state = match repair::dump(fd.as_fd()) {
         Ok(st) => st,
         Err(e) => {
-            eprintln!("dump failed, relaying: {e}");
             let _ = sw.steering.remove(&flow);
-            sw.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
+            sw.stats.fallback(Fallback::DumpFailed, peer, e.to_string());
             let s = TcpStream::from_std(std::net::TcpStream::from(fd)).unwrap();
             serve(s, buf, "switch", false).await;
             return;
@@ -737,22 +805,27 @@ async fn handle_client(sw: Arc<Sw>, mut s: TcpStream, peer: SocketAddr, rr: usiz
         preread: buf.clone(),
         route: false,
     });
-    let accepted = matches!(
-        tokio::time::timeout(Duration::from_secs(5), rx).await,
-        Ok(Ok(true))
-    );
-    dbg_log(format!("switch: id {id} accepted={accepted}"));
-    if accepted {
-        sw.stats.handoffs.fetch_add(1, Ordering::Relaxed);
-        drop(fd); // still in repair mode: closing sends nothing
-        return;
-    }
+    let answer = tokio::time::timeout(HANDOFF_TIMEOUT, rx).await;
+    dbg_log(format!("switch: id {id} answer {answer:?}"));
+    let (why, detail) = match answer {
+        Ok(Ok(Ok(()))) => {
+            sw.stats.count(&sw.stats.handoffs);
+            drop(fd); // still in repair mode: closing sends nothing
+            return;
+        }
+        Ok(Ok(Err((reason, detail)))) => (Fallback::Dropped(reason), detail),
+        Ok(Err(_)) => (Fallback::LinkLost, String::new()),
+        Err(_) => (
+            Fallback::Timeout,
+            format!("no answer in {HANDOFF_TIMEOUT:?}"),
+        ),
+    };
     // The node refused or failed: take the connection back and relay.
     sw.pending.lock().unwrap().remove(&id);
     sw.conns.lock().unwrap().remove(&id);
     let _ = sw.steering.remove(&flow);
     repair::leave_repair(fd.as_fd()).expect("leave repair mode");
-    sw.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
+    sw.stats.fallback(why, peer, detail);
     let std = std::net::TcpStream::from(fd);
     std.set_nonblocking(true).unwrap();
     let s = TcpStream::from_std(std).unwrap();

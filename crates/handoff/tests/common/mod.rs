@@ -1,8 +1,11 @@
-//! Shared pieces of the root tests: environment checks, a lab that removes
-//! itself, a watchdog, and a small blocking HTTP client.
+//! Shared pieces of the root tests: their runner (which checks the
+//! environment), a lab that removes itself, a watchdog, and a small blocking
+//! HTTP client.
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod exit;
+pub mod root;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -10,36 +13,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use switchyard_handoff::lab::{LabSpec, Topology};
-use switchyard_handoff::netns::{self, NetNs};
-
-/// Decides whether a root test runs: `false` (after printing a skip line)
-/// when SWITCHYARD_SKIP_ROOT_TESTS=1; panics with a clear message when a
-/// privilege, tool or kernel feature is missing.
-pub fn root_test(name: &str) -> bool {
-    if std::env::var("SWITCHYARD_SKIP_ROOT_TESTS").as_deref() == Ok("1") {
-        println!("SKIP {name}: SWITCHYARD_SKIP_ROOT_TESTS=1 (needs root and network namespaces)");
-        return false;
-    }
-    assert!(
-        netns::has_admin_caps(),
-        "{name}: needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) to build network namespaces; \
-         run as root or set SWITCHYARD_SKIP_ROOT_TESTS=1 to skip"
-    );
-    for tool in ["ip", "tc", "nft", "clang", "bpftool", "curl"] {
-        assert!(
-            netns::which(tool).is_some(),
-            "{name}: `{tool}` is missing; run scripts/install-lab-deps"
-        );
-    }
-    assert!(
-        std::path::Path::new("/usr/include/bpf/bpf_helpers.h").exists(),
-        "{name}: libbpf headers missing; run scripts/install-lab-deps"
-    );
-    if let Err(e) = switchyard_handoff::repair::check_capability() {
-        panic!("{name}: TCP_REPAIR unavailable: {e}");
-    }
-    true
-}
+use switchyard_handoff::netns::NetNs;
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 

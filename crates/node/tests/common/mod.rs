@@ -204,3 +204,17 @@ pub fn write(root: &Path, rel: &str, data: &[u8]) {
     std::fs::create_dir_all(p.parent().unwrap()).unwrap();
     std::fs::write(p, data).unwrap();
 }
+
+/// Waits until `f` holds, up to `limit`. Only for states the node shows no
+/// event for (a gauge or counter in /metrics): `f` is rechecked after a
+/// short yield until the deadline.
+pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    f()
+}

@@ -162,14 +162,16 @@ impl Drop for TestSwitch {
     }
 }
 
-/// Wait until `f` holds, up to `limit`.
+/// Waits until `f` holds, up to `limit`. Only for states the switch shows
+/// no event for (a gauge or counter in /metrics, a node's health): `f` is
+/// rechecked after a short yield until the deadline.
 pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
     let end = std::time::Instant::now() + limit;
     while std::time::Instant::now() < end {
         if f() {
             return true;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(5));
     }
     f()
 }
