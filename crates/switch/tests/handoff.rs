@@ -63,7 +63,10 @@ fn switch(
         c.mechanism = Mechanism::Handoff;
         tweak(c);
     });
-    // Control connections come up in the background.
+    // Control connections (one per worker thread) come up in the background.
+    assert!(sw
+        .rt
+        .block_on(sw.sw().wait_for_controls(Duration::from_secs(5))));
     assert!(
         eventually(Duration::from_secs(5), || {
             sw.metrics().contains("switchyard_handoff_fd_total") && control_ready(&sw)
