@@ -220,20 +220,14 @@ impl FdReceiver {
             });
             match r {
                 Ok(0) => {
-                    self.rx.commit(READ_CHUNK, 0);
                     if self.rx.pending() == 0 {
                         return Ok(None);
                     }
                     return Err(ProtoError::Truncated("frame at end of stream").into());
                 }
-                Ok(n) => self.rx.commit(READ_CHUNK, n),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.rx.commit(READ_CHUNK, 0);
-                }
-                Err(e) => {
-                    self.rx.commit(READ_CHUNK, 0);
-                    return Err(HandoffError::io("recvmsg on control socket", e));
-                }
+                Ok(n) => self.rx.commit(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(HandoffError::io("recvmsg on control socket", e)),
             }
         }
     }
@@ -266,14 +260,12 @@ impl<R: AsyncRead + Unpin> MsgReader<R> {
                 return Ok(Some(m));
             }
             let spare = self.rx.spare(READ_CHUNK);
-            let n = match self.r.read(spare).await {
-                Ok(n) => n,
-                Err(e) => {
-                    self.rx.commit(READ_CHUNK, 0);
-                    return Err(HandoffError::io("read control stream", e));
-                }
-            };
-            self.rx.commit(READ_CHUNK, n);
+            let n = self
+                .r
+                .read(spare)
+                .await
+                .map_err(|e| HandoffError::io("read control stream", e))?;
+            self.rx.commit(n);
             if n == 0 {
                 if self.rx.pending() == 0 {
                     return Ok(None);
@@ -395,6 +387,15 @@ pub enum ControlReader {
 }
 
 impl ControlReader {
+    /// Whether the next frame is already read (so [`ControlReader::recv`] returns at once):
+    /// replies to frames that arrived together can be written together.
+    pub fn has_frame(&self) -> bool {
+        match self {
+            ControlReader::Unix(r) => r.rx.has_frame(),
+            ControlReader::Tcp(r) => r.rx.has_frame(),
+        }
+    }
+
     /// The next frame and its descriptor; `None` at a clean end of stream.
     pub async fn recv(&mut self) -> Result<Option<(Message, Option<OwnedFd>)>> {
         match self {
@@ -569,6 +570,14 @@ impl ControlSink {
     /// leaves nothing behind; an I/O error ends the connection (any part of what waited may
     /// have been written).
     pub fn send(&mut self, msg: &Message, fd: Option<OwnedFd>) -> Result<bool> {
+        self.queue(msg, fd)?;
+        self.try_flush()
+    }
+
+    /// Adds `msg` with `fd` behind what waits, without writing (a later
+    /// [`ControlSink::send`] or [`ControlSink::try_flush`] writes them together). The same
+    /// rules and errors as for [`ControlSink::send`].
+    pub fn queue(&mut self, msg: &Message, fd: Option<OwnedFd>) -> Result<()> {
         let tcp = matches!(self.io, SinkIo::Tcp(_));
         if msg.needs_fd() != fd.is_some() || (tcp && fd.is_some()) {
             return Err(ProtoError::Fd(if tcp {
@@ -589,7 +598,7 @@ impl ControlSink {
         if let Some(fd) = fd {
             self.fds.push_back((start, fd));
         }
-        self.try_flush()
+        Ok(())
     }
 
     /// Writes what waits, as far as the socket takes it now: `Ok(true)` when nothing waits any
