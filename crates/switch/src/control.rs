@@ -99,6 +99,9 @@ pub(crate) struct Link {
     failed: Mutex<Option<String>>,
     /// Wakes the flusher: the sink keeps a backlog, or a write failed.
     backlog: Notify,
+    /// Frames sent are queued, not written, until [`Link::release`] (replies to frames read
+    /// together go out together).
+    held: AtomicBool,
     /// The `Create`s sent on this link that wait for their answer, by connection id.
     pending: Mutex<HashMap<u64, Pending>>,
 }
@@ -114,6 +117,7 @@ impl Link {
     pub fn open(&self, sink: ControlSink) -> SinkReady {
         let ready = sink.ready();
         *self.failed.lock() = None;
+        self.held.store(false, Relaxed);
         *self.sink.lock() = Some(sink);
         ready
     }
@@ -144,7 +148,12 @@ impl Link {
         let Some(s) = sink.as_mut() else {
             return false;
         };
-        match s.send(msg, fd) {
+        let r = if self.held.load(Relaxed) {
+            s.queue(msg, fd).map(|()| true)
+        } else {
+            s.send(msg, fd)
+        };
+        match r {
             Ok(true) => true,
             Ok(false) => {
                 self.backlog.notify_one();
@@ -159,6 +168,32 @@ impl Link {
                 self.failed.lock().get_or_insert_with(|| e.to_string());
                 self.backlog.notify_one();
                 true
+            }
+        }
+    }
+
+    /// Queue frames sent from now on until [`Link::release`]. Only for a stretch without a
+    /// suspension point: frames of other tasks must not wait behind it.
+    pub fn hold(&self) {
+        self.held.store(true, Relaxed);
+    }
+
+    /// Write what was queued since [`Link::hold`] (what the socket does not take goes to the
+    /// flusher).
+    pub fn release(&self) {
+        if !self.held.swap(false, Relaxed) {
+            return;
+        }
+        let r = match self.sink.lock().as_mut() {
+            Some(s) if !s.is_flushed() => s.try_flush(),
+            _ => return,
+        };
+        match r {
+            Ok(true) => {}
+            Ok(false) => self.backlog.notify_one(),
+            Err(e) => {
+                self.failed.lock().get_or_insert_with(|| e.to_string());
+                self.backlog.notify_one();
             }
         }
     }

@@ -1,4 +1,5 @@
-//! The switch's own counters, kept by every task that serves; [`crate::metrics`] exports them.
+//! The switch's own counters, kept by every task that serves; the `metrics` module exports
+//! them.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 

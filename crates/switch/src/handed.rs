@@ -209,7 +209,8 @@ impl Handoffs {
         }
     }
 
-    /// Remove the entries whose linger time is over (called periodically by the switch's linger task).
+    /// Remove the entries whose linger time is over (called periodically by the switch's linger
+    /// task).
     pub fn expire_lingering(&self, now: Instant) {
         loop {
             let next = {

@@ -332,9 +332,10 @@ pub(crate) async fn run_worker_links(shared: Arc<Shared>, worker: usize, serve: 
             }
         }
         drop(g);
+        // (A dropped stop signal stops too.)
         tokio::select! {
             r = gens.changed() => if r.is_err() { return },
-            _ = stop.changed() => {}
+            _ = stop.wait_for(|s| *s) => return,
         }
     }
 }
@@ -359,7 +360,7 @@ async fn run_link(shared: Arc<Shared>, b: Arc<Backend>, worker: usize, serve: Se
                 backoff = Duration::from_millis(50);
                 tokio::select! {
                     r = session(&shared, &b, &ctl, worker, &serve, io) => r,
-                    _ = stop.changed() => Ok(()),
+                    _ = stop.wait_for(|s| *s) => Ok(()),
                 }
             }
             Ok(Err(e)) => Err(End::Failed(e.to_string())),
@@ -373,7 +374,7 @@ async fn run_link(shared: Arc<Shared>, b: Arc<Backend>, worker: usize, serve: Se
         }
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
-            _ = stop.changed() => {}
+            _ = stop.wait_for(|s| *s) => return,
         }
         backoff = (backoff * 2).min(Duration::from_secs(2));
     }
@@ -444,7 +445,15 @@ async fn session(
                         hello = true;
                         continue;
                     }
-                    on_message(shared, b, link, worker, serve, m, fd)
+                    // Replies to frames that arrived together go out with one write: frames
+                    // already read are handled without a suspension point in between.
+                    if reader.has_frame() {
+                        link.hold();
+                    }
+                    on_message(shared, b, link, worker, serve, m, fd);
+                    if !reader.has_frame() {
+                        link.release();
+                    }
                 }
                 Ok(None) => return Err(End::Clean("node closed the control connection".into())),
                 Err(e) if clean_error(&reader, &e) => return Err(End::Clean(e.to_string())),
