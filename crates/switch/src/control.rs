@@ -13,6 +13,9 @@
 //! Frames are written at once by whoever sends them; what the socket does not take waits in the
 //! link's [`ControlSink`], frames sent meanwhile join it, and the link's flusher
 //! ([`Link::run_flusher`]) writes the backlog with one system call once the socket has room.
+//! A `Create` without a descriptor (across hosts) is left to the flusher from the start
+//! ([`Link::send_soon`]), so that the `Create`s of connections handed off in the same turn of
+//! the worker's event loop share one write and one packet.
 //!
 //! A worker hands a connection to a node only while its own link to the node is up;
 //! [`Control::is_up`] — the node is *control up* — holds when every worker's link is.
@@ -140,6 +143,33 @@ impl Link {
     /// the handoffs waiting on it learn of it from there.
     pub fn send(&self, msg: &Message, fd: Option<OwnedFd>) -> bool {
         self.is_up() && self.write(msg, fd)
+    }
+
+    /// Like [`Link::send`], but a frame without a descriptor is written by the link's flusher,
+    /// once the tasks already woken on this thread have run: the frames they send meanwhile
+    /// (the `Create`s of this thread's other connections) go out with the same write, in one
+    /// packet. A frame with a descriptor travels alone anyway and is written at once.
+    pub fn send_soon(&self, msg: &Message, fd: Option<OwnedFd>) -> bool {
+        if fd.is_some() {
+            return self.send(msg, fd);
+        }
+        if !self.is_up() {
+            return false;
+        }
+        let mut sink = self.sink.lock();
+        let Some(s) = sink.as_mut() else {
+            return false;
+        };
+        match s.queue(msg, None) {
+            Ok(()) => {
+                self.backlog.notify_one();
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, id = ?msg.id(), "control frame not encodable");
+                false
+            }
+        }
     }
 
     /// Sends a frame on the open connection, up or not (the `Hello`).

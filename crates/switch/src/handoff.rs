@@ -173,7 +173,7 @@ async fn send_offer(
     link.wait(id, Pending { node, first, tx });
     let now = tokio::time::Instant::now().into_std();
     let mut m = Mover::new(id, MoverConfig::symmetric(timeout), now);
-    if !link.send(&create, fd) {
+    if !link.send_soon(&create, fd) {
         m.handle(Event::NotSent);
     }
     drop(create);
