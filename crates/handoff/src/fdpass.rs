@@ -220,20 +220,14 @@ impl FdReceiver {
             });
             match r {
                 Ok(0) => {
-                    self.rx.commit(READ_CHUNK, 0);
                     if self.rx.pending() == 0 {
                         return Ok(None);
                     }
                     return Err(ProtoError::Truncated("frame at end of stream").into());
                 }
-                Ok(n) => self.rx.commit(READ_CHUNK, n),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.rx.commit(READ_CHUNK, 0);
-                }
-                Err(e) => {
-                    self.rx.commit(READ_CHUNK, 0);
-                    return Err(HandoffError::io("recvmsg on control socket", e));
-                }
+                Ok(n) => self.rx.commit(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(HandoffError::io("recvmsg on control socket", e)),
             }
         }
     }
@@ -266,14 +260,12 @@ impl<R: AsyncRead + Unpin> MsgReader<R> {
                 return Ok(Some(m));
             }
             let spare = self.rx.spare(READ_CHUNK);
-            let n = match self.r.read(spare).await {
-                Ok(n) => n,
-                Err(e) => {
-                    self.rx.commit(READ_CHUNK, 0);
-                    return Err(HandoffError::io("read control stream", e));
-                }
-            };
-            self.rx.commit(READ_CHUNK, n);
+            let n = self
+                .r
+                .read(spare)
+                .await
+                .map_err(|e| HandoffError::io("read control stream", e))?;
+            self.rx.commit(n);
             if n == 0 {
                 if self.rx.pending() == 0 {
                     return Ok(None);
@@ -395,6 +387,15 @@ pub enum ControlReader {
 }
 
 impl ControlReader {
+    /// Whether the next frame is already read (so [`ControlReader::recv`] returns at once):
+    /// replies to frames that arrived together can be written together.
+    pub fn has_frame(&self) -> bool {
+        match self {
+            ControlReader::Unix(r) => r.rx.has_frame(),
+            ControlReader::Tcp(r) => r.rx.has_frame(),
+        }
+    }
+
     /// The next frame and its descriptor; `None` at a clean end of stream.
     pub async fn recv(&mut self) -> Result<Option<(Message, Option<OwnedFd>)>> {
         match self {
@@ -494,5 +495,157 @@ impl ControlWriter {
             report(&o.msg, r)?;
         }
         Ok(unsent)
+    }
+}
+
+/// The sending half of a control connection written to directly by the task that has a frame
+/// to send, without a writer task in between: [`ControlSink::send`] encodes the frame behind
+/// whatever still waits and writes as much as the socket takes at once, without waiting. What
+/// the socket does not take waits in the sink (frames queued meanwhile join it, so a backlog is
+/// written with one system call); [`ControlSink::try_flush`] writes it later, once
+/// [`SinkReady::writable`] says the socket has room.
+///
+/// A frame's descriptor travels with the frame's first byte: a write that would start at a
+/// frame carrying a descriptor attaches it, and a write never runs on into the next frame that
+/// carries one.
+#[derive(Debug)]
+pub struct ControlSink {
+    io: SinkIo,
+    /// Bytes not written yet start at `off`.
+    buf: Vec<u8>,
+    off: usize,
+    /// Frames that carry a descriptor: where they start in `buf`, in order.
+    fds: VecDeque<(usize, OwnedFd)>,
+}
+
+#[derive(Debug, Clone)]
+enum SinkIo {
+    Unix(Arc<UnixStream>),
+    Tcp(Arc<tokio::net::tcp::OwnedWriteHalf>),
+}
+
+/// Waits until a [`ControlSink`]'s socket has room, without holding the sink.
+#[derive(Debug, Clone)]
+pub struct SinkReady(SinkIo);
+
+impl SinkReady {
+    /// Resolves once the socket may take more bytes.
+    pub async fn writable(&self) -> Result<()> {
+        match &self.0 {
+            SinkIo::Unix(s) => s.writable().await,
+            SinkIo::Tcp(s) => s.writable().await,
+        }
+        .map_err(|e| HandoffError::io("control socket", e))
+    }
+}
+
+impl ControlSink {
+    /// Takes over the sending half of a control connection.
+    pub fn new(w: ControlWriter) -> Self {
+        let io = match w {
+            ControlWriter::Unix(w) => SinkIo::Unix(w.io),
+            ControlWriter::Tcp(w) => SinkIo::Tcp(Arc::new(w.w)),
+        };
+        ControlSink {
+            io,
+            buf: Vec::with_capacity(512),
+            off: 0,
+            fds: VecDeque::new(),
+        }
+    }
+
+    /// A handle to wait for room on the socket.
+    pub fn ready(&self) -> SinkReady {
+        SinkReady(self.io.clone())
+    }
+
+    /// Whether every byte sent so far has been written to the socket.
+    pub fn is_flushed(&self) -> bool {
+        self.off == self.buf.len()
+    }
+
+    /// Sends `msg` with `fd` (given exactly when [`Message::needs_fd`]; over TCP none can
+    /// travel), writing what the socket takes now. `Ok(true)`: all written; `Ok(false)`: some
+    /// waits for [`ControlSink::try_flush`]. A frame that cannot be encoded is an error and
+    /// leaves nothing behind; an I/O error ends the connection (any part of what waited may
+    /// have been written).
+    pub fn send(&mut self, msg: &Message, fd: Option<OwnedFd>) -> Result<bool> {
+        self.queue(msg, fd)?;
+        self.try_flush()
+    }
+
+    /// Adds `msg` with `fd` behind what waits, without writing (a later
+    /// [`ControlSink::send`] or [`ControlSink::try_flush`] writes them together). The same
+    /// rules and errors as for [`ControlSink::send`].
+    pub fn queue(&mut self, msg: &Message, fd: Option<OwnedFd>) -> Result<()> {
+        let tcp = matches!(self.io, SinkIo::Tcp(_));
+        if msg.needs_fd() != fd.is_some() || (tcp && fd.is_some()) {
+            return Err(ProtoError::Fd(if tcp {
+                "descriptor transfer over a byte stream"
+            } else if fd.is_some() {
+                "descriptor given for a message that carries none"
+            } else {
+                "message needs a descriptor"
+            })
+            .into());
+        }
+        if self.is_flushed() {
+            self.buf.clear();
+            self.off = 0;
+        }
+        let start = self.buf.len();
+        msg.encode(&mut self.buf)?;
+        if let Some(fd) = fd {
+            self.fds.push_back((start, fd));
+        }
+        Ok(())
+    }
+
+    /// Writes what waits, as far as the socket takes it now: `Ok(true)` when nothing waits any
+    /// more.
+    pub fn try_flush(&mut self) -> Result<bool> {
+        while self.off < self.buf.len() {
+            let attach = matches!(self.fds.front(), Some((at, _)) if *at == self.off);
+            // Up to the next frame that carries a descriptor (after this one's).
+            let end = self
+                .fds
+                .iter()
+                .map(|(at, _)| *at)
+                .find(|&at| at > self.off)
+                .unwrap_or(self.buf.len());
+            let data = &self.buf[self.off..end];
+            let r = match &self.io {
+                SinkIo::Unix(s) => {
+                    let fd = if attach {
+                        self.fds.front().map(|(_, f)| f.as_fd())
+                    } else {
+                        None
+                    };
+                    s.try_io(Interest::WRITABLE, || send_with_fd(s.as_raw_fd(), data, fd))
+                }
+                SinkIo::Tcp(s) => s.try_write(data),
+            };
+            match r {
+                Ok(0) => {
+                    return Err(HandoffError::io(
+                        "write control stream",
+                        io::ErrorKind::WriteZero.into(),
+                    ))
+                }
+                Ok(n) => {
+                    if attach {
+                        // The descriptor went with the first byte; the copy here closes now.
+                        self.fds.pop_front();
+                    }
+                    self.off += n;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(HandoffError::io("write control stream", e)),
+            }
+        }
+        self.buf.clear();
+        self.off = 0;
+        Ok(true)
     }
 }

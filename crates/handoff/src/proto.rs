@@ -566,10 +566,15 @@ pub fn check_header(buf: &[u8]) -> Result<Option<usize>, ProtoError> {
 
 /// Incremental decoder for a byte stream: feed it what arrives, take
 /// messages out.
+///
+/// The buffer keeps its room between reads: [`FrameBuffer::spare`] zeroes
+/// only room it has never had, not a whole read chunk each time.
 #[derive(Debug, Default)]
 pub struct FrameBuffer {
     buf: Vec<u8>,
+    /// Undecoded bytes are `buf[start..end]`; `buf[end..]` is room.
     start: usize,
+    end: usize,
 }
 
 impl FrameBuffer {
@@ -580,39 +585,49 @@ impl FrameBuffer {
 
     /// Appends received bytes.
     pub fn extend(&mut self, bytes: &[u8]) {
-        self.compact();
-        self.buf.extend_from_slice(bytes);
+        self.spare(bytes.len())[..bytes.len()].copy_from_slice(bytes);
+        self.end += bytes.len();
     }
 
     /// Spare room to receive into directly (at least `min` bytes); call
     /// [`FrameBuffer::commit`] with the count received.
     pub fn spare(&mut self, min: usize) -> &mut [u8] {
         self.compact();
-        let len = self.buf.len();
-        self.buf.resize(len + min, 0);
-        &mut self.buf[len..]
+        if self.buf.len() < self.end + min {
+            self.buf.resize(self.end + min, 0);
+        }
+        &mut self.buf[self.end..]
     }
 
-    /// Keeps `n` bytes of the last [`FrameBuffer::spare`] and drops the rest.
-    pub fn commit(&mut self, spare_len: usize, n: usize) {
-        let new_len = self.buf.len() - spare_len + n;
-        self.buf.truncate(new_len);
+    /// Keeps the first `n` bytes of the last [`FrameBuffer::spare`].
+    pub fn commit(&mut self, n: usize) {
+        self.end += n;
     }
 
     /// Bytes buffered and not yet decoded.
     pub fn pending(&self) -> usize {
-        self.buf.len() - self.start
+        self.end - self.start
+    }
+
+    /// Whether a whole frame is buffered (the next [`FrameBuffer::next_message`] returns a
+    /// message or an error without more bytes).
+    pub fn has_frame(&self) -> bool {
+        match check_header(&self.buf[self.start..self.end]) {
+            Ok(Some(len)) => self.pending() >= HEADER_LEN + len,
+            Ok(None) => false,
+            Err(_) => true,
+        }
     }
 
     /// The next complete message, if any.
     pub fn next_message(&mut self) -> Result<Option<Message>, ProtoError> {
-        match Message::decode(&self.buf[self.start..])? {
+        match Message::decode(&self.buf[self.start..self.end])? {
             None => Ok(None),
             Some((m, used)) => {
                 self.start += used;
-                if self.start == self.buf.len() {
-                    self.buf.clear();
+                if self.start == self.end {
                     self.start = 0;
+                    self.end = 0;
                 }
                 Ok(Some(m))
             }
@@ -621,7 +636,8 @@ impl FrameBuffer {
 
     fn compact(&mut self) {
         if self.start > 0 {
-            self.buf.drain(..self.start);
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
             self.start = 0;
         }
     }
@@ -1013,6 +1029,34 @@ mod tests {
         }
         assert_eq!(got.len(), 2);
         assert_eq!(fb.pending(), 0);
+    }
+
+    /// `has_frame` says whether the next frame is whole; received room is reused.
+    #[test]
+    fn frame_buffer_knows_a_whole_frame_and_reuses_its_room() {
+        let a = Message::Ping { nonce: 1 }.to_frame().unwrap();
+        let mut fb = FrameBuffer::new();
+        assert!(!fb.has_frame());
+        for round in 0..3 {
+            let spare = fb.spare(1024);
+            assert!(spare.len() >= 1024, "round {round}");
+            spare[..a.len() - 1].copy_from_slice(&a[..a.len() - 1]);
+            fb.commit(a.len() - 1);
+            assert!(!fb.has_frame());
+            assert_eq!(fb.next_message().unwrap(), None);
+            fb.extend(&a[a.len() - 1..]);
+            fb.extend(&a);
+            assert!(fb.has_frame());
+            assert_eq!(fb.next_message().unwrap(), Some(Message::Ping { nonce: 1 }));
+            assert!(fb.has_frame());
+            assert_eq!(fb.next_message().unwrap(), Some(Message::Ping { nonce: 1 }));
+            assert!(!fb.has_frame());
+            assert_eq!(fb.pending(), 0);
+        }
+        fb.extend(b"xx");
+        // A bad header is a whole answer too: an error.
+        assert!(fb.has_frame());
+        assert!(fb.next_message().is_err());
     }
 
     #[test]

@@ -287,7 +287,7 @@ fn peek_queue(
         "getsockopt(TCP_QUEUE_SEQ)",
         getsockopt_raw(fd, libc::IPPROTO_TCP, TCP_QUEUE_SEQ),
     )?;
-    let peek = |buf: &mut Vec<u8>| -> Result<usize> {
+    let peek = |buf: &mut [u8]| -> Result<usize> {
         // SAFETY: buf is valid for its length.
         let n = unsafe {
             libc::recv(
@@ -311,11 +311,11 @@ fn peek_queue(
         Some(0) => return Ok((seq, Vec::new())),
         Some(n) => n,
         None => {
-            let mut buf = vec![0u8; PROBE];
-            let n = peek(&mut buf)?;
+            // On the stack: the queue is usually empty (the switch read the request).
+            let mut probe = [0u8; PROBE];
+            let n = peek(&mut probe)?;
             if n < PROBE {
-                buf.truncate(n);
-                return Ok((seq, buf));
+                return Ok((seq, probe[..n].to_vec()));
             }
             let n = step("ioctl(SIOCINQ)", ioctl_int(fd, SIOCINQ))? as usize;
             if n > crate::proto::MAX_QUEUE {

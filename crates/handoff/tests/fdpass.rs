@@ -241,3 +241,59 @@ async fn batches_arrive_in_order_and_a_bad_frame_spoils_only_itself() {
         Message::Ping { nonce: 7 }
     );
 }
+
+/// A sink written to without waiting keeps what the socket does not take and writes it later:
+/// frames arrive in order, each descriptor with its own frame (told apart by file size), also
+/// when the backlog spans several frames with descriptors.
+#[tokio::test]
+async fn a_sink_keeps_its_backlog_in_order_with_each_descriptor_on_its_frame() {
+    use std::io::Write as _;
+    use switchyard_handoff::fdpass::{control_unix, ControlSink};
+    let (a, b) = tokio::net::UnixStream::pair().unwrap();
+    let (ar, aw) = control_unix(a);
+    let (mut br, _bw) = control_unix(b);
+    let mut sink = ControlSink::new(aw);
+    let mut backlog = false;
+    for i in 0..50u64 {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&vec![0; i as usize + 1]).unwrap();
+        // big pre-reads fill the socket long before the last frame
+        let pre = vec![i as u8; (i as usize * 997) % 70_000];
+        let all = sink.send(&create(i, &pre), Some(OwnedFd::from(f))).unwrap();
+        backlog |= !all;
+        sink.send(&Message::Ping { nonce: i }, None).unwrap();
+    }
+    assert!(
+        backlog,
+        "the socket took everything at once: nothing was tested"
+    );
+    // Bad frames leave nothing behind.
+    assert!(sink
+        .send(
+            &Message::Ping { nonce: 0 },
+            Some(OwnedFd::from(tempfile::tempfile().unwrap()))
+        )
+        .is_err());
+    let ready = sink.ready();
+    let flusher = tokio::spawn(async move {
+        while !sink.try_flush().unwrap() {
+            ready.writable().await.unwrap();
+        }
+        assert!(sink.is_flushed());
+        sink
+    });
+    for i in 0..50u64 {
+        let (m, fd) = br.recv().await.unwrap().unwrap();
+        assert_eq!(m.id(), Some(i));
+        let fd: OwnedFd = fd.expect("descriptor with its frame");
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) }, 0);
+        assert_eq!(st.st_size, i as i64 + 1, "descriptor of frame {i}");
+        let (m, fd) = br.recv().await.unwrap().unwrap();
+        assert_eq!(m, Message::Ping { nonce: i });
+        assert!(fd.is_none());
+    }
+    drop(flusher.await.unwrap());
+    drop(ar); // the socket closes when both halves are gone
+    assert!(br.recv().await.unwrap().is_none());
+}

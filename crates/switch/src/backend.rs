@@ -14,6 +14,9 @@ use parking_lot::Mutex;
 use switchyard_policy::LoadReport;
 use switchyard_upstream::{Connection, Pool};
 
+use crate::config::ControlAddr;
+use crate::control::Control;
+
 /// One back-end node.
 #[derive(Debug)]
 pub(crate) struct Backend {
@@ -37,16 +40,19 @@ pub(crate) struct Backend {
     pub failures: AtomicU64,
     pub connects: AtomicU64,
     pub last_report: Mutex<Option<LoadReport>>,
-    /// The node's handoff control connection, when it has a control address.
-    pub control: Option<std::sync::Arc<crate::handoff::Control>>,
+    /// The node's handoff control connections (one per worker thread), when it has a control
+    /// address.
+    pub control: Option<std::sync::Arc<Control>>,
 }
 
 impl Backend {
-    /// A backend keeping at most `max_idle` idle connections.
+    /// A backend keeping at most `max_idle` idle connections, with a control connection per
+    /// worker thread (of `workers`) when it has a control address.
     pub fn new(
         addr: SocketAddr,
         max_idle: usize,
-        control: Option<crate::config::ControlAddr>,
+        control: Option<ControlAddr>,
+        workers: usize,
     ) -> Self {
         Backend {
             addr,
@@ -62,7 +68,7 @@ impl Backend {
             failures: AtomicU64::new(0),
             connects: AtomicU64::new(0),
             last_report: Mutex::new(None),
-            control: control.map(|c| std::sync::Arc::new(crate::handoff::Control::new(c))),
+            control: control.map(|c| std::sync::Arc::new(Control::new(c, workers))),
         }
     }
 
@@ -116,7 +122,7 @@ mod tests {
     #[tokio::test]
     async fn pool_follows_the_node_state() {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let b = Backend::new(l.local_addr().unwrap(), 2, None);
+        let b = Backend::new(l.local_addr().unwrap(), 2, None, 1);
         let limit = Duration::from_secs(5);
         for _ in 0..3 {
             let c = b.connect(limit).await.unwrap();

@@ -7,7 +7,7 @@ use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use switchyard_policy::{PolicyConfig, PolicyKind};
 
-use crate::SwitchError;
+use crate::error::SwitchError;
 
 /// Where a node takes handed-off connections (its handoff control listener).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -1,10 +1,15 @@
 //! One-way delivery at the switch: handing a client's connection to the node that serves it.
 //!
-//! A node with a `control` address keeps a persistent control connection to the switch
-//! ([`run_control`]): a Unix stream socket for a node on the same host (the connection itself
-//! travels as a descriptor, `SCM_RIGHTS`) or TCP for a node on another host (the connection
-//! travels as `TCP_REPAIR` state and the switch steers the client's later packets to the node
-//! below its TCP stack). The messages are those of `switchyard_handoff::proto`.
+//! Each worker thread of the switch keeps a persistent control connection of its own to every
+//! node with a `control` address ([`run_worker_links`], [`crate::control`]): a Unix stream
+//! socket for a node on the same host (the connection itself travels as a descriptor,
+//! `SCM_RIGHTS`) or TCP for a node on another host (the connection travels as `TCP_REPAIR`
+//! state and the switch steers the client's later packets to the node below its TCP stack).
+//! The messages are those of `switchyard_handoff::proto`. A handoff runs entirely on the
+//! thread that owns the client connection: its task writes the `Create` (and any `Cancel`) on
+//! that thread's control connection, whose reader, on the same thread, reads the answer. The
+//! node's later reports may arrive on any connection and land in the shared table
+//! ([`crate::handed`]).
 //!
 //! The path of one handoff ([`hand_off`], called by the relay loop once the policy chose a
 //! node for a request without a body):
@@ -28,89 +33,50 @@
 //! connections are routed (answered `Routed`: serve, fetch from another node — back-end
 //! forwarding — or hand back), `HandBack` (multiple handoff: the switch passes the connection
 //! on to the next node in one step, repointing the steering entry) and `Closed` at the end
-//! (the entry goes after `handoff_linger_ms`, once the FIN exchange is over). A lost control
-//! connection takes its node's connections out of the table and their steering entries away.
+//! (the entry goes after `handoff_linger_ms`, once the FIN exchange is over), each on the
+//! control connection its `Create` came on. A lost control connection takes the connections
+//! the node accepted over it out of the table and their steering entries away.
+//!
+//! A connection given back that no node takes is returned to the caller's relay loop (a
+//! [`ServeHere`] given by the wiring): this module does not depend on the relay.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::pin::Pin;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
-use switchyard_handoff::fdpass::{self, next_batch, ControlReader, ControlWriter, Outgoing};
-use switchyard_handoff::metrics::HandoffMetrics;
+use bytes::BytesMut;
+use switchyard_handoff::fdpass::{self, ControlReader, ControlSink, ControlWriter};
 use switchyard_handoff::mover::{
     self, Event, Mover, MoverConfig, Outcome as Moved, TakeBackReason,
 };
 use switchyard_handoff::proto::{Message, RouteAction, Transfer, MAX_PREREAD};
 use switchyard_handoff::repair;
-use switchyard_handoff::steer::{self, Flow, Steering, Target};
+use switchyard_handoff::steer::{self, Flow, Target};
 use switchyard_http::request::{self, ParseOutcome};
 use switchyard_policy::{ConnId, Decision, NodeId, Outcome, PolicyKind, Request as PolicyRequest};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::backend::Backend;
-use crate::config::{ControlAddr, Persistent, SteeringKind, SwitchConfig};
-use crate::{Generation, Shared};
+use crate::config::{ControlAddr, Persistent};
+use crate::control::{Control, Link, Pending};
+use crate::generation::Generation;
+use crate::handed::{Dispatched, Fallback, Handed, Handoffs};
+use crate::state::Shared;
 
-/// Why a connection was relayed instead of handed off.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Fallback {
-    /// The node's control connection is down.
-    ControlDown,
-    /// No steering table (setup failed: no privileges or tools) for a node on another host.
-    NoSteering,
-    /// The connection cannot be steered (IPv6) or its node's MAC address is unknown.
-    NotSteerable,
-    /// The kernel refused to dump the connection (no CAP_NET_ADMIN, not established).
-    Dump,
-    /// The node answered `Drop`.
-    Refused,
-    /// The node did not answer in time; it answered the `Cancel` with `Drop`.
-    Timeout,
-    /// The control connection ended cleanly before the node answered.
-    ControlLost,
-    /// Neither the `Create` nor the `Cancel` was answered in time, or the control connection
-    /// failed before an answer: the switch closed its copy without writing (not relayed).
-    Abandoned,
-    /// A node gave the connection back and no node took it again.
-    HandBack,
-    /// The client had sent more than a `Create` carries (pipelined requests beyond 1 MiB).
-    TooMuchRead,
-}
-
-impl Fallback {
-    pub(crate) const ALL: [Fallback; 10] = [
-        Fallback::ControlDown,
-        Fallback::NoSteering,
-        Fallback::NotSteerable,
-        Fallback::Dump,
-        Fallback::Refused,
-        Fallback::Timeout,
-        Fallback::ControlLost,
-        Fallback::Abandoned,
-        Fallback::HandBack,
-        Fallback::TooMuchRead,
-    ];
-
-    pub(crate) fn label(self) -> &'static str {
-        match self {
-            Fallback::ControlDown => "control_down",
-            Fallback::NoSteering => "no_steering",
-            Fallback::NotSteerable => "not_steerable",
-            Fallback::Dump => "dump_failed",
-            Fallback::Refused => "refused",
-            Fallback::Timeout => "timeout",
-            Fallback::ControlLost => "control_lost",
-            Fallback::Abandoned => "abandoned",
-            Fallback::HandBack => "hand_back",
-            Fallback::TooMuchRead => "too_much_read",
-        }
-    }
-}
+/// Serves a connection that no node took back (a handed-back connection): the relay loop,
+/// given by the caller so that this module does not depend on it. Arguments: the stream, the
+/// client's address, the switch's own address of the connection, and the bytes already read.
+pub(crate) type ServeHere = Arc<
+    dyn Fn(TcpStream, SocketAddr, SocketAddr, BytesMut) -> Pin<Box<dyn Future<Output = ()> + Send>>
+        + Send
+        + Sync,
+>;
 
 /// What became of a connection offered to a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,299 +88,6 @@ pub(crate) enum Offered {
     /// Unknown whether the node serves it: the caller drops its copy without writing to it and
     /// ends the connection's bookkeeping.
     Abandoned,
-}
-
-/// The switch's end of one node's control connection.
-#[derive(Debug)]
-pub(crate) struct Control {
-    pub addr: ControlAddr,
-    tx: Mutex<Option<mpsc::UnboundedSender<Outgoing>>>,
-    /// Where steered packets go (nodes on another host), found once connected.
-    target: Mutex<Option<Target>>,
-}
-
-impl Control {
-    pub fn new(addr: ControlAddr) -> Self {
-        Control {
-            addr,
-            tx: Mutex::new(None),
-            target: Mutex::new(None),
-        }
-    }
-
-    pub fn is_up(&self) -> bool {
-        self.tx.lock().is_some()
-    }
-
-    fn same_host(&self) -> bool {
-        matches!(self.addr, ControlAddr::Unix(_))
-    }
-
-    fn send(&self, msg: Message, fd: Option<OwnedFd>) -> bool {
-        match &*self.tx.lock() {
-            Some(tx) => tx.send(Outgoing { msg, fd }).is_ok(),
-            None => false,
-        }
-    }
-}
-
-/// A request dispatched by the switch whose `Served` has not arrived yet.
-#[derive(Clone, Copy, Debug)]
-struct Dispatched {
-    /// The node it was counted on (its index in the connection's generation).
-    node: usize,
-    /// Whether the policy counted it (a request served locally because the policy refused to
-    /// choose is not).
-    counted: bool,
-}
-
-/// A `Create` waiting for its node's answer.
-struct Pending {
-    /// The node it went to.
-    node: usize,
-    /// When the first handoff of the connection started (`None`: a handed-back connection
-    /// passed on).
-    first: Option<Instant>,
-    /// The one answer for the connection's mover.
-    tx: oneshot::Sender<Event>,
-    /// Which offer of the connection this is: a connection handed back and passed on gets a
-    /// new entry under the same id while the mover of the previous offer may still be
-    /// finishing, and that one must not take the new entry away.
-    offer: u64,
-    /// The control address the `Create` went to: only that node's answers are for it.
-    via: ControlAddr,
-}
-
-/// A connection that lives on a node.
-struct Handed {
-    gen: Arc<Generation>,
-    conn: ConnId,
-    /// The node that holds it now.
-    node: usize,
-    peer: SocketAddr,
-    local: SocketAddr,
-    flow: Option<Flow>,
-    route: bool,
-    outstanding: VecDeque<Dispatched>,
-    /// Where a connection handed back goes next (decided when its request was routed).
-    next: Option<usize>,
-}
-
-/// Everything the switch keeps for one-way delivery.
-pub(crate) struct Handoffs {
-    pub metrics: HandoffMetrics,
-    steering: Option<Arc<dyn Steering>>,
-    /// Why there is no steering table, if there is none.
-    pub steering_error: Option<String>,
-    next_id: AtomicU64,
-    pending: Mutex<HashMap<u64, Pending>>,
-    conns: Mutex<HashMap<u64, Handed>>,
-    /// The connection that owns each live steering entry (a delayed removal must not take
-    /// the entry of a newer connection on the same 4-tuple).
-    flows: Mutex<HashMap<Flow, u64>>,
-    /// Entries of closed connections, removed once their time is up (oldest first; every
-    /// connection of a generation lingers equally long, so deadlines stay nearly in order).
-    lingering: Mutex<VecDeque<(Instant, Flow, u64)>>,
-    /// Removes the steering setup (at shutdown).
-    teardown: Mutex<Option<Box<dyn FnOnce() + Send>>>,
-}
-
-impl std::fmt::Debug for Handoffs {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Handoffs")
-            .field("steering", &self.steering.as_ref().map(|s| s.kind()))
-            .field("live", &self.conns.lock().len())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Drop for Handoffs {
-    fn drop(&mut self) {
-        self.shutdown();
-    }
-}
-
-impl Handoffs {
-    /// Set up for `cfg`: a steering table when handoffs cross hosts.
-    pub fn new(cfg: &SwitchConfig, instance: &str) -> Self {
-        let cross_host = cfg.mechanism == crate::config::Mechanism::Handoff
-            && cfg
-                .nodes
-                .iter()
-                .any(|n| matches!(n.control, Some(ControlAddr::Tcp(_))));
-        let mut steering: Option<Arc<dyn Steering>> = None;
-        let mut steering_error = None;
-        let mut teardown: Option<Box<dyn FnOnce() + Send>> = None;
-        if cross_host {
-            let iface = cfg.steering_iface.clone();
-            let tag = instance.replace(|c: char| !c.is_ascii_alphanumeric(), "_");
-            let nft = |teardown: &mut Option<Box<dyn FnOnce() + Send>>| {
-                steer::nft::NftSteering::setup(None, &iface, &tag).map(|s| {
-                    let tag = tag.clone();
-                    *teardown = Some(Box::new(move || {
-                        steer::nft::NftSteering::teardown(None, &tag)
-                    }));
-                    Arc::new(s) as Arc<dyn Steering>
-                })
-            };
-            let r: switchyard_handoff::Result<Arc<dyn Steering>> = match cfg.steering {
-                SteeringKind::Ebpf => {
-                    let ecfg = steer::ebpf::EbpfConfig::new(&iface, instance);
-                    let pin_dir = ecfg.pin_dir.clone();
-                    let iface2 = iface.clone();
-                    match steer::ebpf::EbpfSteering::setup(&ecfg, None) {
-                        Ok(s) => {
-                            teardown = Some(Box::new(move || {
-                                steer::ebpf::EbpfSteering::teardown(None, &iface2, &pin_dir)
-                            }));
-                            Ok(Arc::new(s) as Arc<dyn Steering>)
-                        }
-                        // nftables is the fallback when the eBPF program cannot be built or
-                        // attached (no clang or bpftool, an older kernel).
-                        Err(e) => {
-                            tracing::warn!(error = %e, %iface, "eBPF steering unavailable; trying nftables");
-                            nft(&mut teardown).map_err(|n| {
-                                switchyard_handoff::HandoffError::Other(format!(
-                                    "eBPF: {e}; nftables: {n}"
-                                ))
-                            })
-                        }
-                    }
-                }
-                SteeringKind::Nftables => nft(&mut teardown),
-            };
-            match r {
-                Ok(s) => {
-                    tracing::info!(backend = s.kind(), %iface, "steering ready");
-                    steering = Some(s);
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, %iface,
-                        "no steering table: connections for nodes on other hosts will be relayed");
-                    steering_error = Some(e.to_string());
-                }
-            }
-        }
-        Handoffs {
-            metrics: HandoffMetrics::new(),
-            steering,
-            steering_error,
-            next_id: AtomicU64::new(1),
-            pending: Mutex::new(HashMap::new()),
-            conns: Mutex::new(HashMap::new()),
-            flows: Mutex::new(HashMap::new()),
-            lingering: Mutex::new(VecDeque::new()),
-            teardown: Mutex::new(teardown),
-        }
-    }
-
-    /// Remove the entries whose linger time is over (called periodically by [`run_linger`]).
-    fn expire_lingering(&self, now: Instant) {
-        loop {
-            let next = {
-                let mut q = self.lingering.lock();
-                match q.front() {
-                    Some((at, _, _)) if *at <= now => q.pop_front(),
-                    _ => None,
-                }
-            };
-            let Some((_, flow, id)) = next else {
-                return;
-            };
-            self.unsteer(&flow, id);
-        }
-    }
-
-    /// Take offer `offer` of connection `id` out of the waiting table; false if an answer
-    /// (or the end of the control connection) took it first.
-    fn withdraw(&self, id: u64, offer: u64) -> bool {
-        let mut pending = self.pending.lock();
-        match pending.get(&id) {
-            Some(p) if p.offer == offer => pending.remove(&id).is_some(),
-            _ => false,
-        }
-    }
-
-    /// The waiting offer of connection `id` if it went to node `b`: an answer about `id` from
-    /// another node (one the connection left before it came back and was passed on) is not
-    /// for it.
-    fn take_pending(&self, id: u64, b: &Backend) -> Option<Pending> {
-        let via = b.control.as_deref().map(|c| &c.addr);
-        let mut pending = self.pending.lock();
-        match pending.get(&id) {
-            Some(p) if Some(&p.via) == via => pending.remove(&id),
-            _ => None,
-        }
-    }
-
-    /// Remove the steering setup; connections on nodes keep their entries until then.
-    pub fn shutdown(&self) {
-        if let Some(t) = self.teardown.lock().take() {
-            t();
-        }
-    }
-
-    /// Fallbacks by reason.
-    pub fn fallbacks(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
-        Fallback::ALL
-            .iter()
-            .map(|f| (f.label(), self.metrics.fallbacks_for(f.label())))
-    }
-
-    fn count_fallback(&self, why: Fallback) {
-        self.metrics.fallback(why.label());
-    }
-
-    /// Steering entries live.
-    pub fn steering_live(&self) -> usize {
-        self.steering.as_ref().map_or(0, |s| s.live())
-    }
-
-    /// The steering backend in use, if any.
-    pub fn steering_kind(&self) -> Option<&'static str> {
-        self.steering.as_ref().map(|s| s.kind())
-    }
-
-    fn set_steering_gauge(&self) {
-        self.metrics
-            .steering_entries
-            .set(self.steering_live() as i64);
-    }
-
-    fn steer(&self, flow: &Flow, to: &Target, id: u64) -> bool {
-        let Some(s) = &self.steering else {
-            return false;
-        };
-        match s.insert(flow, to) {
-            Ok(()) => {
-                self.flows.lock().insert(*flow, id);
-                self.set_steering_gauge();
-                true
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "steering insert failed");
-                false
-            }
-        }
-    }
-
-    /// Removes `flow`'s entry if connection `id` still owns it.
-    fn unsteer(&self, flow: &Flow, id: u64) {
-        let Some(s) = &self.steering else {
-            return;
-        };
-        {
-            let mut flows = self.flows.lock();
-            if flows.get(flow) != Some(&id) {
-                return;
-            }
-            flows.remove(flow);
-        }
-        if let Err(e) = s.remove(flow) {
-            tracing::warn!(error = %e, "steering remove failed");
-        }
-        self.set_steering_gauge();
-    }
 }
 
 /// Remove lingering steering entries of closed connections, ten times a second, while the
@@ -452,6 +125,10 @@ pub(crate) struct Offer<'a> {
     pub conn: ConnId,
     pub stream: &'a TcpStream,
     pub peer: SocketAddr,
+    /// The switch's address of the connection.
+    pub local: SocketAddr,
+    /// The worker thread that owns the connection (whose control connection carries it).
+    pub worker: usize,
     pub preread: Vec<u8>,
 }
 
@@ -479,13 +156,14 @@ pub(crate) async fn hand_off(shared: &Arc<Shared>, offer: Offer<'_>) -> Offered 
     }
 }
 
-/// Offer connection `id` to node `node` over `ctl` (`create` and its descriptor) and run the
+/// Offer connection `id` to node `node` over `link` (`create` and its descriptor) and run the
 /// mover until the answer is definitive (see `switchyard_handoff::mover` for why the switch
-/// never serves a connection the node may serve).
+/// never serves a connection the node may serve). The `Create` is written here, by the task
+/// that owns the connection, and the answer is read by the link's reader on the same thread.
 #[allow(clippy::too_many_arguments)]
 async fn send_offer(
     h: &Handoffs,
-    ctl: &Control,
+    link: &Link,
     id: u64,
     node: usize,
     first: Option<Instant>,
@@ -495,49 +173,34 @@ async fn send_offer(
 ) -> Moved {
     let (tx, rx) = oneshot::channel();
     let offer = h.next_id.fetch_add(1, Relaxed);
-    h.pending.lock().insert(
+    link.wait(
         id,
         Pending {
             node,
             first,
             tx,
             offer,
-            via: ctl.addr.clone(),
         },
     );
     let now = tokio::time::Instant::now().into_std();
     let mut m = Mover::new(id, MoverConfig::symmetric(timeout), now);
-    if !ctl.send(create, fd) {
+    if !link.send_soon(&create, fd) {
         m.handle(Event::NotSent);
     }
+    drop(create);
     let outcome = mover::drive(
         &mut m,
         async { rx.await.ok() },
         |frame| {
-            // If the link is down, its end reaches the mover through the pending entry.
-            ctl.send(frame, None);
+            // If the link is down, its end reaches the mover through the waiting entry.
+            link.send(&frame, None);
         },
         // Taking the entry out fences the expiry against an answer read meanwhile.
-        || h.withdraw(id, offer),
+        || link.withdraw(id, offer),
     )
     .await;
-    h.withdraw(id, offer);
+    link.withdraw(id, offer);
     outcome
-}
-
-/// A connection nobody may serve any more from here: its table entry goes (returned), its
-/// steering entry stays for the linger time (the node may hold the connection), and it is
-/// counted by reason.
-fn abandon(h: &Handoffs, id: u64, why: mover::AbandonReason, linger: Duration) -> Option<Handed> {
-    h.count_fallback(Fallback::Abandoned);
-    h.metrics.abandon(why.label());
-    let c = h.conns.lock().remove(&id)?;
-    if let Some(flow) = c.flow {
-        h.lingering
-            .lock()
-            .push_back((Instant::now() + linger, flow, id));
-    }
-    Some(c)
 }
 
 async fn try_hand_off(shared: &Arc<Shared>, offer: Offer<'_>) -> Result<(), Fallback> {
@@ -548,20 +211,22 @@ async fn try_hand_off(shared: &Arc<Shared>, offer: Offer<'_>) -> Result<(), Fall
         conn,
         stream,
         peer,
+        local,
+        worker,
         preread,
     } = offer;
     let started = Instant::now();
     let h = &shared.handoffs;
     let b = &gen.nodes[idx];
     let ctl = b.control.as_ref().ok_or(Fallback::ControlDown)?;
-    if !ctl.is_up() {
+    let link = ctl.link(worker);
+    if !link.is_up() {
         return Err(Fallback::ControlDown);
     }
     if preread.len() > MAX_PREREAD {
         // More pipelined bytes than a Create carries: relay this connection.
         return Err(Fallback::TooMuchRead);
     }
-    let local = stream.local_addr().map_err(|_| Fallback::NotSteerable)?;
     let id = h.next_id.fetch_add(1, Relaxed);
     let route = routes(gen);
     let (transfer, fd, flow) = if ctl.same_host() {
@@ -575,7 +240,7 @@ async fn try_hand_off(shared: &Arc<Shared>, offer: Offer<'_>) -> Result<(), Fall
             return Err(Fallback::NoSteering);
         }
         let flow = Flow::new(peer, local).map_err(|_| Fallback::NotSteerable)?;
-        let target = (*ctl.target.lock()).ok_or(Fallback::NotSteerable)?;
+        let target = ctl.target().ok_or(Fallback::NotSteerable)?;
         // The entry first: from the dump on, the client's packets must reach the node.
         if !h.steer(&flow, &target, id) {
             return Err(Fallback::NoSteering);
@@ -600,6 +265,7 @@ async fn try_hand_off(shared: &Arc<Shared>, offer: Offer<'_>) -> Result<(), Fall
             gen: gen.clone(),
             conn,
             node: idx,
+            link: worker,
             peer,
             local,
             flow,
@@ -617,7 +283,7 @@ async fn try_hand_off(shared: &Arc<Shared>, offer: Offer<'_>) -> Result<(), Fall
         route,
     };
     let wait = Duration::from_millis(gen.cfg.handoff_timeout_ms);
-    match send_offer(h, ctl, id, idx, Some(started), create, fd, wait).await {
+    match send_offer(h, link, id, idx, Some(started), create, fd, wait).await {
         // Counted where the Accepted was read, in order with the node's later reports.
         Moved::Moved { late } => {
             if late {
@@ -629,7 +295,7 @@ async fn try_hand_off(shared: &Arc<Shared>, offer: Offer<'_>) -> Result<(), Fall
         Moved::Abandon(why) => {
             // The socket stays as it is (in repair mode it closes silently). Nothing was
             // counted for the connection yet: that happens with the Accepted.
-            abandon(h, id, why, Duration::from_millis(gen.cfg.handoff_linger_ms));
+            h.abandon(id, why, Duration::from_millis(gen.cfg.handoff_linger_ms));
             Err(Fallback::Abandoned)
         }
         Moved::TakeBack(why) => {
@@ -657,11 +323,41 @@ fn take_back_fallback(why: TakeBackReason) -> Fallback {
     }
 }
 
-/// Keep node `b`'s control connection up while the switch runs and `b` is configured.
-pub(crate) async fn run_control(shared: Arc<Shared>, b: Arc<Backend>) {
+/// Keep this worker's control connection to every node with a control address up while the
+/// switch runs, following reloads: a node that joins gets one, one that leaves ends its own.
+/// Runs on the worker's runtime, so that the connections' readers run on the worker's thread.
+pub(crate) async fn run_worker_links(shared: Arc<Shared>, worker: usize, serve: ServeHere) {
+    let mut gens = shared.gen_id.subscribe();
+    let mut stop = shared.stop.clone();
+    let mut started: Vec<Arc<Backend>> = Vec::new();
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        started.retain(|b| !b.retired.load(Relaxed));
+        let g = shared.current();
+        for b in g.nodes.iter().filter(|b| b.control.is_some()) {
+            if !started.iter().any(|s| Arc::ptr_eq(s, b)) {
+                started.push(b.clone());
+                tokio::spawn(run_link(shared.clone(), b.clone(), worker, serve.clone()));
+            }
+        }
+        drop(g);
+        // (A dropped stop signal stops too.)
+        tokio::select! {
+            r = gens.changed() => if r.is_err() { return },
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+/// Keep worker `worker`'s control connection to node `b` up while the switch runs and `b` is
+/// configured.
+async fn run_link(shared: Arc<Shared>, b: Arc<Backend>, worker: usize, serve: ServeHere) {
     let Some(ctl) = b.control.clone() else {
         return;
     };
+    let link = ctl.link(worker);
     let mut stop = shared.stop.clone();
     let mut backoff = Duration::from_millis(50);
     loop {
@@ -674,22 +370,22 @@ pub(crate) async fn run_control(shared: Arc<Shared>, b: Arc<Backend>) {
             Ok(Ok(io)) => {
                 backoff = Duration::from_millis(50);
                 tokio::select! {
-                    r = session(&shared, &b, &ctl, io) => r,
-                    _ = stop.changed() => Ok(()),
+                    r = session(&shared, &b, &ctl, worker, &serve, io) => r,
+                    _ = stop.wait_for(|s| *s) => Ok(()),
                 }
             }
             Ok(Err(e)) => Err(End::Failed(e.to_string())),
             Err(_) => Err(End::Failed("connect timed out".into())),
         };
-        *ctl.tx.lock() = None;
+        let waiting = link.close();
         let clean = matches!(&result, Err(End::Clean(_)));
-        lost(&shared, &b, clean);
+        lost(&shared, &b, worker, waiting, clean);
         if let Err(e) = result {
-            tracing::debug!(node = %b.addr, control = %ctl.addr, error = %e, "control connection down");
+            tracing::debug!(node = %b.addr, control = %ctl.addr, worker, error = %e, "control connection down");
         }
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
-            _ = stop.changed() => {}
+            _ = stop.wait_for(|s| *s) => return,
         }
         backoff = (backoff * 2).min(Duration::from_secs(2));
     }
@@ -729,52 +425,47 @@ fn clean_error(reader: &ControlReader, e: &switchyard_handoff::HandoffError) -> 
             if source.kind() == std::io::ErrorKind::ConnectionReset)
 }
 
-/// One control connection: hello both ways, then frames until either side ends it.
+/// One control connection: hello both ways, then frames until either side ends it. The reader
+/// runs here; frames are written by whoever sends them, and the backlog, if any, by the
+/// flusher here.
 async fn session(
     shared: &Arc<Shared>,
     b: &Arc<Backend>,
-    ctl: &Arc<Control>,
-    (mut reader, mut writer): (ControlReader, ControlWriter),
+    ctl: &Control,
+    worker: usize,
+    serve: &ServeHere,
+    (mut reader, writer): (ControlReader, ControlWriter),
 ) -> Result<(), End> {
-    let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
-    let _ = tx.send(Outgoing::plain(Message::Hello {
+    let link = ctl.link(worker);
+    let ready = link.open(ControlSink::new(writer));
+    let hello = Message::Hello {
         name: "switch".into(),
-    }));
-    let write = async {
-        let mut batch = Vec::new();
-        while let Some(o) = rx.recv().await {
-            next_batch(&mut rx, o, &mut batch);
-            let sent = writer.send_batch(&batch).await;
-            // Drop what was sent now: a passed descriptor must not keep the switch's copy of
-            // the client socket open.
-            batch.clear();
-            match sent {
-                Ok(unsent) => {
-                    // A frame that cannot be encoded spoils only itself.
-                    for u in unsent {
-                        tracing::warn!(error = %u.error, id = ?u.id, "control frame not encodable");
-                        fail_pending(shared, u.id);
-                    }
-                }
-                // A failed write may have delivered any part of the batch: the waiting
-                // handoffs learn it from the end of the session.
-                Err(e) => return Err(End::Failed(e.to_string())),
-            }
-        }
-        Ok(())
     };
+    if !link.write(&hello, None) {
+        return Err(End::Failed("cannot send Hello".into()));
+    }
+    let flush = async { link.run_flusher(ready).await.map_err(End::Failed) };
     let read = async {
         let mut hello = false;
         loop {
             match reader.recv().await {
                 Ok(Some((m, fd))) => {
                     if !hello {
-                        expect_hello(&m, b, ctl, &tx).map_err(End::Failed)?;
-                        hello = true;
+                        expect_hello(&m, b, ctl, worker).map_err(End::Failed)?;
+                        link.set_up();
                         shared.control_up.notify_waiters();
+                        hello = true;
                         continue;
                     }
-                    on_message(shared, b, m, fd)
+                    // Replies to frames that arrived together go out with one write: frames
+                    // already read are handled without a suspension point in between.
+                    if reader.has_frame() {
+                        link.hold();
+                    }
+                    on_message(shared, b, link, worker, serve, m, fd);
+                    if !reader.has_frame() {
+                        link.release();
+                    }
                 }
                 Ok(None) => return Err(End::Clean("node closed the control connection".into())),
                 Err(e) if clean_error(&reader, &e) => return Err(End::Clean(e.to_string())),
@@ -782,81 +473,64 @@ async fn session(
             }
         }
     };
-    tokio::select! { r = write => r, r = read => r }
+    tokio::select! { r = flush => r, r = read => r }
 }
 
-fn expect_hello(
-    m: &Message,
-    b: &Backend,
-    ctl: &Control,
-    tx: &mpsc::UnboundedSender<Outgoing>,
-) -> Result<(), String> {
+fn expect_hello(m: &Message, b: &Backend, ctl: &Control, worker: usize) -> Result<(), String> {
     match m {
         Message::Hello { name } => {
-            if let ControlAddr::Tcp(a) = &ctl.addr {
+            if let (ControlAddr::Tcp(a), None) = (&ctl.addr, ctl.target()) {
                 // The node answered over this connection, so its MAC address is in the
                 // neighbour table now.
                 if let std::net::IpAddr::V4(ip) = a.ip() {
                     match steer::neighbour_mac(ip) {
-                        Some(mac) => *ctl.target.lock() = Some(Target { ip, mac }),
+                        Some(mac) => ctl.set_target(Target { ip, mac }),
                         None => tracing::warn!(node = %b.addr, %ip,
                             "node's MAC address unknown: its connections will be relayed"),
                     }
                 }
             }
-            tracing::info!(node = %b.addr, control = %ctl.addr, name = %name, "control connection up");
-            *ctl.tx.lock() = Some(tx.clone());
+            tracing::info!(node = %b.addr, control = %ctl.addr, worker, name = %name, "control connection up");
             Ok(())
         }
         other => Err(format!("expected Hello, got {other:?}")),
     }
 }
 
-/// A frame could not be encoded, so it never left: its `Create`, if it was one, is taken back
-/// now rather than after the timeout.
-fn fail_pending(shared: &Shared, id: Option<u64>) {
-    if let Some(id) = id {
-        if let Some(Pending { tx, .. }) = shared.handoffs.pending.lock().remove(&id) {
-            let _ = tx.send(Event::NotSent);
-        }
-    }
-}
-
-/// The node behind a control connection is gone: its connections with it. `clean`: everything
+/// Worker `worker`'s control connection to node `b` is gone: the handoffs that waited on it
+/// (`waiting`) and the connections the node accepted over it go with it. `clean`: everything
 /// the node wrote was read.
-fn lost(shared: &Shared, b: &Arc<Backend>, clean: bool) {
+fn lost(
+    shared: &Shared,
+    b: &Arc<Backend>,
+    worker: usize,
+    waiting: Vec<(u64, Pending)>,
+    clean: bool,
+) {
     let h = &shared.handoffs;
     // Handoffs still waiting for this node's answer: their movers decide (a clean end takes
     // the connection back, a failure abandons it) and clean up their table entries.
-    let waiting: Vec<u64> = {
-        let mut pending = h.pending.lock();
-        let g = shared.current();
-        let ids: Vec<u64> = pending
-            .iter()
-            .filter(|(_, p)| {
-                g.nodes
-                    .get(p.node)
-                    .is_some_and(|n| std::ptr::eq(&**n, &**b))
-            })
-            .map(|(id, _)| *id)
-            .collect();
-        for id in &ids {
-            if let Some(Pending { tx, .. }) = pending.remove(id) {
-                let _ = tx.send(if clean {
-                    Event::ControlEnded
-                } else {
-                    Event::ControlFailed
-                });
-            }
-        }
-        ids
-    };
-    // Connections the node had accepted are gone with it.
+    let waiting: Vec<u64> = waiting
+        .into_iter()
+        .map(|(id, p)| {
+            let _ = p.tx.send(if clean {
+                Event::ControlEnded
+            } else {
+                Event::ControlFailed
+            });
+            id
+        })
+        .collect();
+    // Connections the node had accepted over this connection can report nothing more.
     let gone: Vec<(u64, Handed)> = {
         let mut conns = h.conns.lock();
         let ids: Vec<u64> = conns
             .iter()
-            .filter(|(id, c)| std::ptr::eq(&*c.gen.nodes[c.node], &**b) && !waiting.contains(id))
+            .filter(|(id, c)| {
+                c.link == worker
+                    && std::ptr::eq(&*c.gen.nodes[c.node], &**b)
+                    && !waiting.contains(id)
+            })
             .map(|(id, _)| *id)
             .collect();
         ids.into_iter()
@@ -864,7 +538,7 @@ fn lost(shared: &Shared, b: &Arc<Backend>, clean: bool) {
             .collect()
     };
     if !gone.is_empty() {
-        tracing::warn!(node = %b.addr, connections = gone.len(), "node lost with handed-off connections");
+        tracing::warn!(node = %b.addr, worker, connections = gone.len(), "control connection lost with handed-off connections");
     }
     for (id, c) in gone {
         if let Some(flow) = &c.flow {
@@ -894,20 +568,29 @@ fn finish(shared: &Shared, c: Handed) {
     shared.freed.notify_waiters();
 }
 
-fn on_message(shared: &Arc<Shared>, b: &Arc<Backend>, m: Message, fd: Option<OwnedFd>) {
+/// One frame from node `b` on worker `worker`'s control connection `link`.
+fn on_message(
+    shared: &Arc<Shared>,
+    b: &Arc<Backend>,
+    link: &Link,
+    worker: usize,
+    serve: &ServeHere,
+    m: Message,
+    fd: Option<OwnedFd>,
+) {
     let h = &shared.handoffs;
     match m {
         Message::Accepted { id } => {
-            let pending = h.take_pending(id, b);
             if let Some(Pending {
                 node, first, tx, ..
-            }) = pending
+            }) = link.answer(id)
             {
                 // The node may ask about the next request (or report this one served) before
                 // the waiting task runs: the connection is on `node` from now on, and counted
                 // here, in order with the node's later reports.
                 if let Some(c) = h.conns.lock().get_mut(&id) {
                     c.node = node;
+                    c.link = worker;
                     if c.flow.is_some() {
                         h.metrics.handoffs_repair.inc();
                     } else {
@@ -924,7 +607,7 @@ fn on_message(shared: &Arc<Shared>, b: &Arc<Backend>, m: Message, fd: Option<Own
             }
         }
         Message::Drop { id, reason, detail } => {
-            if let Some(Pending { tx, .. }) = h.take_pending(id, b) {
+            if let Some(Pending { tx, .. }) = link.answer(id) {
                 tracing::debug!(id, ?reason, %detail, "node dropped a handoff");
                 let _ = tx.send(Event::Dropped(reason));
             } else if let Some(c) = h.conns.lock().remove(&id) {
@@ -971,9 +654,7 @@ fn on_message(shared: &Arc<Shared>, b: &Arc<Backend>, m: Message, fd: Option<Own
                 if let Some(flow) = c.flow {
                     // The FIN exchange still needs the entry for a moment.
                     let linger = Duration::from_millis(c.gen.cfg.handoff_linger_ms);
-                    h.lingering
-                        .lock()
-                        .push_back((Instant::now() + linger, flow, id));
+                    h.linger(flow, id, linger);
                 }
                 finish(shared, c);
             }
@@ -986,9 +667,7 @@ fn on_message(shared: &Arc<Shared>, b: &Arc<Backend>, m: Message, fd: Option<Own
             target,
         } => {
             let action = route(shared, id, &method, host.as_deref(), &target);
-            if let Some(ctl) = &b.control {
-                ctl.send(Message::Routed { id, seq, action }, None);
-            }
+            link.send(&Message::Routed { id, seq, action }, None);
         }
         Message::HandBack {
             id,
@@ -997,13 +676,17 @@ fn on_message(shared: &Arc<Shared>, b: &Arc<Backend>, m: Message, fd: Option<Own
             ..
         } => {
             h.metrics.hand_backs.inc();
-            let sh = shared.clone();
-            tokio::spawn(async move { pass_on(sh, id, transfer, fd, preread).await });
+            let (sh, serve) = (shared.clone(), serve.clone());
+            tokio::spawn(async move {
+                if let Some((stream, peer, local, pre)) =
+                    pass_on(&sh, worker, id, transfer, fd, preread).await
+                {
+                    serve(stream, peer, local, pre).await;
+                }
+            });
         }
         Message::Ping { nonce } => {
-            if let Some(ctl) = &b.control {
-                ctl.send(Message::Pong { nonce }, None);
-            }
+            link.send(&Message::Pong { nonce }, None);
         }
         other => {
             tracing::debug!(node = %b.addr, message = ?other.id(), "unexpected control message ignored");
@@ -1061,14 +744,17 @@ fn route(shared: &Shared, id: u64, method: &str, host: Option<&str>, target: &st
 }
 
 /// Multiple handoff: connection `id` came back from its node with the next request unread;
-/// pass it on to the node chosen for that request, or serve it here if none takes it.
+/// pass it on to the node chosen for that request over worker `worker`'s control connection to
+/// it, or return it to be served here (the stream, the client's and the switch's addresses and
+/// the bytes read) if none takes it.
 async fn pass_on(
-    shared: Arc<Shared>,
+    shared: &Arc<Shared>,
+    worker: usize,
     id: u64,
     transfer: Transfer,
     fd: Option<OwnedFd>,
     preread: Vec<u8>,
-) {
+) -> Option<(TcpStream, SocketAddr, SocketAddr, BytesMut)> {
     let h = &shared.handoffs;
     let info = {
         let mut conns = h.conns.lock();
@@ -1088,7 +774,7 @@ async fn pass_on(
     };
     let Some((gen, conn, from, next, peer, local, flow, route)) = info else {
         tracing::debug!(id, "hand-back for an unknown connection");
-        return;
+        return None;
     };
     let to = next.or_else(|| {
         // Not routed (a node gave it back on its own): choose for the request it carries.
@@ -1119,15 +805,15 @@ async fn pass_on(
         gen.nodes
             .get(i)
             .and_then(|b| b.control.clone())
-            .filter(|c| c.is_up() && c.same_host() == matches!(transfer, Transfer::Fd))
+            .filter(|c| c.link(worker).is_up() && c.same_host() == matches!(transfer, Transfer::Fd))
     };
     let target_ctl = to
         .filter(|&i| i != from)
         .and_then(|i| same_kind(i).map(|c| (i, c)));
     if let Some((to, ctl)) = target_ctl {
-        let steered = match (&flow, ctl.target.lock().as_ref()) {
+        let steered = match (&flow, ctl.target()) {
             // Repoint in one step: the entry never disappears.
-            (Some(f), Some(t)) => h.steer(f, t, id),
+            (Some(f), Some(t)) => h.steer(f, &t, id),
             (None, _) => true,
             (Some(_), None) => false,
         };
@@ -1142,22 +828,22 @@ async fn pass_on(
                 route,
             };
             let wait = Duration::from_millis(gen.cfg.handoff_timeout_ms);
-            match send_offer(h, &ctl, id, to, None, create, fd_copy, wait).await {
+            match send_offer(h, ctl.link(worker), id, to, None, create, fd_copy, wait).await {
                 Moved::Moved { late } => {
                     if late {
                         h.metrics.late_accepts.inc();
                     }
-                    return;
+                    return None;
                 }
                 Moved::Abandon(why) => {
                     // The state or descriptor held here is dropped unused.
                     tracing::warn!(%peer, node = %gen.nodes[to].addr, ?why,
                         "handed-back connection abandoned: the connection is closed unanswered");
                     let linger = Duration::from_millis(gen.cfg.handoff_linger_ms);
-                    if let Some(c) = abandon(h, id, why, linger) {
-                        finish(&shared, c);
+                    if let Some(c) = h.abandon(id, why, linger) {
+                        finish(shared, c);
                     }
-                    return;
+                    return None;
                 }
                 Moved::TakeBack(why) => {
                     tracing::warn!(%peer, node = %gen.nodes[to].addr, ?why,
@@ -1172,13 +858,11 @@ async fn pass_on(
     }
     // Nobody took it: the switch serves the connection itself from here on.
     h.count_fallback(Fallback::HandBack);
-    let Some(c) = h.conns.lock().remove(&id) else {
-        return;
-    };
+    let c = h.conns.lock().remove(&id)?;
     if let Some(f) = &c.flow {
         h.unsteer(f, id);
     }
-    finish(&shared, c);
+    finish(shared, c);
     let stream = match (transfer, fd) {
         (Transfer::Fd, Some(fd)) => Some(std::net::TcpStream::from(fd)),
         (Transfer::Repair(state), _) => match repair::restore(&state, local, peer) {
@@ -1190,11 +874,9 @@ async fn pass_on(
         },
         _ => None,
     };
-    let Some(stream) = stream.and_then(|s| {
+    let stream = stream.and_then(|s| {
         s.set_nonblocking(true).ok()?;
         TcpStream::from_std(s).ok()
-    }) else {
-        return;
-    };
-    crate::relay::serve_with(shared, stream, peer, bytes::BytesMut::from(&preread[..])).await;
+    })?;
+    Some((stream, peer, local, BytesMut::from(&preread[..])))
 }

@@ -12,7 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::backend::Backend;
-use crate::Shared;
+use crate::state::Shared;
 
 /// Check `b` until it leaves the configuration or the switch stops.
 pub(crate) async fn run(shared: Arc<Shared>, b: Arc<Backend>) {

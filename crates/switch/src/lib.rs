@@ -71,15 +71,40 @@
 //! connections, lets busy ones finish their response with `Connection: close` and waits up to a
 //! grace period. Metrics (Prometheus, `/metrics` on the admin listener) are listed in
 //! [`metrics`]; `/status.json` shows the nodes and the policy.
+//!
+//! # Modules
+//!
+//! Dependencies among the modules go one way, each using only those before it:
+//!
+//! 1. `error` ([`SwitchError`]), [`config`];
+//! 2. `counters` (the switch's own counters, exported by [`metrics`]);
+//! 3. `control`: one node's control connections, one per worker thread, with the handoffs
+//!    waiting on each;
+//! 4. `backend`: a node as the switch sees it (pool, health, counters, control connections);
+//! 5. `generation`: one configuration in force (nodes, policy, limits, timeouts);
+//! 6. `handed`: the shared table of connections living on nodes, steering entries, fallbacks;
+//! 7. `state`: `Shared`, what every task of the switch shares;
+//! 8. `health`, `report`: active health checks, load reports;
+//! 9. `handoff`: offering a connection to a node, and each worker's control connections;
+//! 10. `relay`: the client connection loop (hands connections off through `handoff`);
+//! 11. [`metrics`]: the Prometheus registry and `/status.json` over the state;
+//! 12. this file: wiring — start, reload, shutdown, the worker threads' accept loops, and the
+//!     relay loop given to `handoff` for connections given back that no node takes.
 
 pub mod config;
 pub mod metrics;
 
 mod backend;
+mod control;
+mod counters;
+mod error;
+mod generation;
+mod handed;
 mod handoff;
 mod health;
 mod relay;
 mod report;
+mod state;
 
 /// The strict node-response parser (kept under its old path).
 pub use switchyard_http::upstream as response;
@@ -92,169 +117,20 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 use prometheus_client::registry::Registry;
 use switchyard_admin::{Admin, Page};
-use switchyard_http::request::Limits;
-use switchyard_policy::{NodeId, NodeSpec, Policy};
+use switchyard_policy::{NodeId, NodeSpec};
 use switchyard_runtime::accept::{accept_loop, AcceptStats, Incoming, WhenFull};
 use switchyard_runtime::{listen::listen_reuseport, Live, Workers};
-use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::backend::Backend;
 pub use crate::config::{NodeEntry, SwitchArgs, SwitchConfig};
+pub use crate::error::SwitchError;
+use crate::generation::{limits, timeouts, Generation};
+use crate::handoff::ServeHere;
 pub use crate::metrics::SwitchMetrics;
-
-/// Errors that stop the switch from starting or a reload from taking effect.
-#[derive(Debug, Error)]
-pub enum SwitchError {
-    /// A listener could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        /// The address.
-        addr: SocketAddr,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The configuration is unusable.
-    #[error("invalid switch configuration: {0}")]
-    Config(String),
-    /// A key that cannot change while running was changed in a reload.
-    #[error("`{0}` cannot change on reload; restart the switch")]
-    NotReloadable(&'static str),
-    /// The admin listener could not start.
-    #[error(transparent)]
-    Admin(#[from] switchyard_admin::AdminError),
-}
-
-/// Timeouts of one configuration, as durations.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Timeouts {
-    pub header: Duration,
-    pub idle: Duration,
-    pub send: Duration,
-    pub connect: Duration,
-    pub node: Duration,
-    pub queue: Duration,
-}
-
-/// One configuration in force: its nodes (node id = index) and its policy. A reload installs a
-/// new generation; connections and requests that hold the old one finish on it.
-pub(crate) struct Generation {
-    pub id: u64,
-    pub cfg: SwitchConfig,
-    pub limits: Limits,
-    pub t: Timeouts,
-    pub nodes: Vec<Arc<Backend>>,
-    pub policy: Mutex<Box<dyn Policy>>,
-}
-
-impl Generation {
-    /// The node id of `b` in this generation.
-    pub fn index_of(&self, b: &Backend) -> Option<usize> {
-        self.nodes.iter().position(|n| std::ptr::eq(&**n, b))
-    }
-}
-
-/// State shared by every task of one switch.
-pub(crate) struct Shared {
-    pub origin: Instant,
-    gen: RwLock<Arc<Generation>>,
-    next_gen: AtomicU64,
-    pub metrics: SwitchMetrics,
-    pub stop: watch::Receiver<bool>,
-    /// Signalled whenever a request finishes or a node comes up: queued requests try again.
-    pub freed: Notify,
-    /// Signalled whenever a node's handoff control connection comes up.
-    pub control_up: Notify,
-    pub queue_len: AtomicUsize,
-    pub next_conn: AtomicU64,
-    /// Client connection slots.
-    pub slots: Arc<Semaphore>,
-    /// Current number of slots in total.
-    pub slots_total: AtomicU32,
-    /// Small tasks answering connections over the cap.
-    pub refusing: AtomicUsize,
-    /// The worker threads' accept loops.
-    pub accepts: AcceptStats,
-    /// Health-check tasks started, one per backend.
-    health_tasks: Mutex<Vec<JoinHandle<()>>>,
-    /// One-way delivery: control connections' shared state, handed-off connections, steering.
-    pub(crate) handoffs: handoff::Handoffs,
-}
-
-impl std::fmt::Debug for Shared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared")
-            .field("generation", &self.current().id)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Shared {
-    /// The generation in force.
-    pub fn current(&self) -> Arc<Generation> {
-        self.gen.read().clone()
-    }
-
-    /// Time since the switch started, the policies' clock.
-    pub fn now(&self) -> Duration {
-        self.origin.elapsed()
-    }
-
-    /// Take a node out: the policy stops choosing it and re-assigns its targets.
-    pub fn mark_down(&self, b: &Backend, why: &str) {
-        if b.up.swap(false, Relaxed) {
-            b.rises.store(0, Relaxed);
-            b.clear_idle();
-            let g = self.current();
-            if let Some(i) = g.index_of(b) {
-                g.policy.lock().node_down(NodeId(i as u32), self.now());
-            }
-            self.metrics.node_transitions.fetch_add(1, Relaxed);
-            tracing::warn!(node = %b.addr, reason = why, "node down");
-        }
-    }
-
-    /// Bring a node back.
-    pub fn mark_up(&self, b: &Backend) {
-        if !b.up.swap(true, Relaxed) {
-            b.fails.store(0, Relaxed);
-            let g = self.current();
-            if let Some(i) = g.index_of(b) {
-                g.policy.lock().node_up(NodeId(i as u32), self.now());
-            }
-            self.metrics.node_transitions.fetch_add(1, Relaxed);
-            self.freed.notify_waiters();
-            tracing::info!(node = %b.addr, "node up");
-        }
-    }
-
-    /// A request on `b` failed because of the node. `unreachable`: the node refused or did
-    /// not answer a connection attempt. Takes the node out after `health_fall` consecutive
-    /// failures (at once when unreachable), when active checks can bring it back.
-    pub fn node_failed(&self, b: &Backend, unreachable: bool, cfg: &SwitchConfig) {
-        b.failures.fetch_add(1, Relaxed);
-        let fails = b.fails.fetch_add(1, Relaxed) + 1;
-        if cfg.health_interval_ms > 0 && (unreachable || fails >= cfg.health_fall) {
-            self.mark_down(
-                b,
-                if unreachable {
-                    "unreachable"
-                } else {
-                    "failures"
-                },
-            );
-        }
-    }
-
-    /// A request on `b` succeeded.
-    pub fn node_ok(&self, b: &Backend) {
-        if b.fails.load(Relaxed) != 0 {
-            b.fails.store(0, Relaxed);
-        }
-    }
-}
+use crate::state::Shared;
 
 /// A switch that is serving.
 pub struct RunningSwitch {
@@ -296,8 +172,9 @@ impl RunningSwitch {
         &self.shared.handoffs.metrics
     }
 
-    /// Wait until every node with a handoff control address has its control connection up, at
-    /// most `limit`; false if some are still down then (their connections are relayed).
+    /// Wait until every node with a handoff control address has its control connections up
+    /// (one per worker thread), at most `limit`; false if some are still down then (the
+    /// connections of those workers to those nodes are relayed).
     pub async fn wait_for_controls(&self, limit: Duration) -> bool {
         let ready = async {
             loop {
@@ -356,7 +233,7 @@ impl RunningSwitch {
                 b.clear_idle();
             }
         }
-        *self.shared.gen.write() = gen.clone();
+        self.shared.install(gen.clone());
         // Health may have changed while the generation was built.
         {
             let mut p = gen.policy.lock();
@@ -414,26 +291,6 @@ fn resize_slots(shared: &Shared, old: usize, new: usize) {
     }
 }
 
-fn limits(cfg: &SwitchConfig) -> Limits {
-    Limits {
-        max_request_line: cfg.max_request_line,
-        max_head_bytes: cfg.max_head_bytes,
-        max_body_bytes: cfg.max_body_bytes,
-    }
-}
-
-fn timeouts(cfg: &SwitchConfig) -> Timeouts {
-    let ms = Duration::from_millis;
-    Timeouts {
-        header: ms(cfg.header_timeout_ms),
-        idle: ms(cfg.idle_timeout_ms),
-        send: ms(cfg.send_timeout_ms),
-        connect: ms(cfg.connect_timeout_ms),
-        node: ms(cfg.node_timeout_ms),
-        queue: ms(cfg.queue_timeout_ms),
-    }
-}
-
 /// Build a generation for `cfg`, reusing the backends of `old` with the same address. Returns
 /// the backends that are new (their health checks must start).
 fn build_generation(
@@ -459,7 +316,12 @@ fn build_generation(
                 b
             }
             None => {
-                let b = Arc::new(Backend::new(e.addr, cfg.pool_max_idle, e.control.clone()));
+                let b = Arc::new(Backend::new(
+                    e.addr,
+                    cfg.pool_max_idle,
+                    e.control.clone(),
+                    shared.workers,
+                ));
                 fresh.push(b.clone());
                 b
             }
@@ -499,16 +361,13 @@ fn build_generation(
     ))
 }
 
+/// Start `b`'s health checks. (Its control connections are started by each worker thread,
+/// [`handoff::run_worker_links`].)
 fn spawn_health(shared: &Arc<Shared>, b: Arc<Backend>) {
-    let control = b
-        .control
-        .is_some()
-        .then(|| tokio::spawn(handoff::run_control(shared.clone(), b.clone())));
     let t = tokio::spawn(health::run(shared.clone(), b));
     let mut tasks = shared.health_tasks.lock();
     tasks.retain(|t| !t.is_finished());
     tasks.push(t);
-    tasks.extend(control);
 }
 
 /// Bind the switch's listeners and start serving.
@@ -540,27 +399,29 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
     let shared = Arc::new(Shared {
         origin: Instant::now(),
         gen: RwLock::new(Arc::new(placeholder)),
+        gen_id: watch::Sender::new(0),
+        workers,
         next_gen: AtomicU64::new(1),
         metrics: SwitchMetrics::default(),
         stop: stop_rx.clone(),
         freed: Notify::new(),
-        control_up: Notify::new(),
         queue_len: AtomicUsize::new(0),
         next_conn: AtomicU64::new(1),
         slots: Arc::new(Semaphore::new(max)),
         slots_total: AtomicU32::new(max as u32),
         refusing: AtomicUsize::new(0),
-        accepts: AcceptStats::default(),
         health_tasks: Mutex::new(Vec::new()),
         // Pins live on the host-wide BPF file system: the instance name keeps switches in
         // different namespaces (or on different ports) apart.
-        handoffs: handoff::Handoffs::new(
+        handoffs: handed::Handoffs::new(
             &cfg,
             &format!("switch-{}-{}", std::process::id(), addr.port()),
         ),
+        control_up: Notify::new(),
+        accepts: AcceptStats::default(),
     });
     let (gen, fresh) = build_generation(&shared, &cfg, None)?;
-    *shared.gen.write() = Arc::new(gen);
+    shared.install(Arc::new(gen));
     for b in fresh {
         spawn_health(&shared, b);
     }
@@ -606,12 +467,29 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
     };
 
     let accept_shared = shared.clone();
-    let spawned = Workers::spawn("sy-switch", listeners, stop_rx, move |_, listener, live| {
-        let worker = Worker {
-            shared: accept_shared.clone(),
-        };
-        async move { worker.accept_loop(&listener, &live).await }
-    });
+    // A listener on a wildcard address does not say which address a client reached.
+    let local = (!addr.ip().is_unspecified()).then_some(addr);
+    let spawned = Workers::spawn(
+        "sy-switch",
+        listeners,
+        stop_rx,
+        move |index, listener, live| {
+            let worker = Worker {
+                shared: accept_shared.clone(),
+                index,
+                local,
+            };
+            async move {
+                // This thread's own control connections to the nodes.
+                tokio::spawn(handoff::run_worker_links(
+                    worker.shared.clone(),
+                    index,
+                    serve_here(&worker.shared, index),
+                ));
+                worker.accept_loop(&listener, &live).await
+            }
+        },
+    );
     let workers_running = match spawned {
         Ok(w) => w,
         Err(e) => {
@@ -654,16 +532,36 @@ const REFUSE_503: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: te
 /// Most connections over the cap being answered at once; beyond it they are closed unanswered.
 const MAX_REFUSING: usize = 1024;
 
-/// A worker thread's accept loop: its client connections and the node
-/// connections they use stay on its thread.
+/// How worker `worker` serves a connection a node gave back that no other node took: the
+/// relay loop.
+fn serve_here(shared: &Arc<Shared>, worker: usize) -> ServeHere {
+    let shared = shared.clone();
+    Arc::new(move |stream, peer, local, pre| {
+        Box::pin(relay::serve_with(
+            shared.clone(),
+            worker,
+            stream,
+            peer,
+            Some(local),
+            pre,
+        ))
+    })
+}
+
+/// A worker thread's accept loop: its client connections, the node connections they use and
+/// its control connections to the nodes stay on its thread.
 struct Worker {
     shared: Arc<Shared>,
+    /// The worker's index (of its control connections).
+    index: usize,
+    /// The listener's address, unless it is a wildcard one.
+    local: Option<SocketAddr>,
 }
 
 impl Worker {
-    /// Connections beyond the slots are accepted and answered `503`.
     async fn accept_loop(&self, listener: &TcpListener, live: &Live) {
         let shared = &self.shared;
+        // Connections beyond the slots are accepted and answered `503`.
         accept_loop(
             listener,
             &shared.slots,
@@ -681,8 +579,9 @@ impl Worker {
                     _permit: permit,
                     _live: live.clone(),
                 };
+                let (index, local) = (self.index, self.local);
                 tokio::spawn(async move {
-                    relay::serve(held.shared.clone(), stream, peer).await;
+                    relay::serve(held.shared.clone(), index, stream, peer, local).await;
                     drop(held);
                 });
             },

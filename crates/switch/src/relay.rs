@@ -23,10 +23,11 @@ use tokio::time::timeout_at;
 
 use crate::backend::Backend;
 use crate::config::Mechanism;
+use crate::counters::Rejection;
+use crate::generation::{Generation, Timeouts};
 use crate::handoff;
-use crate::metrics::Rejection;
-use crate::response::{self as resp, BodyLength};
-use crate::{Generation, Shared};
+use crate::state::Shared;
+use switchyard_http::upstream::{self as resp, BodyLength};
 
 /// Response bytes buffered before they are written to the client.
 const FLUSH_AT: usize = 64 * 1024;
@@ -85,19 +86,33 @@ struct Client {
     stop: tokio::sync::watch::Receiver<bool>,
     /// A handoff of this connection failed once: relay it from now on.
     relay_only: bool,
+    /// The worker thread serving the connection.
+    worker: usize,
+    /// The switch's address of the connection, once known.
+    local: Option<SocketAddr>,
 }
 
-/// Serve one client connection until it closes (or moves to a node).
-pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
-    serve_with(shared, stream, peer, BytesMut::new()).await
+/// Serve one client connection on worker thread `worker` until it closes (or moves to a
+/// node). `local`: the switch's address of the connection if known (the listener's, unless it
+/// listens on a wildcard address; then it is asked for at the first handoff).
+pub(crate) async fn serve(
+    shared: Arc<Shared>,
+    worker: usize,
+    stream: TcpStream,
+    peer: SocketAddr,
+    local: Option<SocketAddr>,
+) {
+    serve_with(shared, worker, stream, peer, local, BytesMut::new()).await
 }
 
 /// [`serve`] a connection whose first bytes were already read (`preread`): one a node handed
 /// back that no other node took.
 pub(crate) async fn serve_with(
     shared: Arc<Shared>,
+    worker: usize,
     stream: TcpStream,
     peer: SocketAddr,
+    local: Option<SocketAddr>,
     preread: BytesMut,
 ) {
     let _ = stream.set_nodelay(true);
@@ -115,6 +130,8 @@ pub(crate) async fn serve_with(
         gen: None,
         stop,
         relay_only: false,
+        worker,
+        local,
     };
     match c.run().await {
         End::Error(status) => Box::pin(c.fail(status)).await,
@@ -247,16 +264,19 @@ impl Client {
         let keep = head.keep_alive && !self.stopping();
         let has_body = head.framing != BodyFraming::None;
 
-        // One-way delivery: the raw bytes read so far travel with the connection. Requests with
-        // a body are relayed (their body is checked here first).
-        let mut preread = (gen.cfg.mechanism == Mechanism::Handoff
+        // One-way delivery: a request without a body may take its connection to the node
+        // (requests with a body are relayed: their body is checked here first). Until the node
+        // is chosen, the head stays in `buf`: it travels with the connection.
+        let mut preread = gen.cfg.mechanism == Mechanism::Handoff
             && !has_body
             && !self.relay_only
-            && !self.stopping())
-        .then(|| self.buf.to_vec());
+            && !self.stopping();
         let ip = gen.cfg.forwarded_for.then_some(self.peer_ip.as_str());
         resp::forward_request_head(&self.buf[..head.head_len], http10, ip, fwd);
-        self.buf.advance(head.head_len);
+        let mut head_consumed = !preread;
+        if head_consumed {
+            self.buf.advance(head.head_len);
+        }
         if has_body && head.expect_continue {
             // The switch answers the expectation itself and forwards the body it then gets.
             if write_all(&self.stream, b"HTTP/1.1 100 Continue\r\n\r\n", gen.t.send)
@@ -289,12 +309,27 @@ impl Client {
             let choice = match self.choose(&gen, &preq, excluded).await {
                 Ok(c) => c,
                 Err(reason) => {
+                    if !head_consumed {
+                        self.buf.advance(head.head_len);
+                    }
                     self.shared.metrics.count_rejection(reason);
                     return self.local_error(&gen, 503, keep, &head).await;
                 }
             };
-            if let Some(pre) = preread.take() {
-                if gen.nodes[choice.idx].control.is_some() {
+            // The raw bytes read so far travel with the connection: copied only for a node that
+            // takes connections, then the head is consumed here as for any request.
+            let pre = (std::mem::take(&mut preread) && gen.nodes[choice.idx].control.is_some())
+                .then(|| self.buf.to_vec());
+            if !head_consumed {
+                self.buf.advance(head.head_len);
+                head_consumed = true;
+            }
+            if let Some(pre) = pre {
+                if self.local.is_none() {
+                    // A wildcard listener: the address the client reached, once per connection.
+                    self.local = self.stream.local_addr().ok();
+                }
+                if let Some(local) = self.local {
                     let offer = handoff::Offer {
                         gen: &gen,
                         idx: choice.idx,
@@ -302,6 +337,8 @@ impl Client {
                         conn: self.id,
                         stream: &self.stream,
                         peer: self.peer,
+                        local,
+                        worker: self.worker,
                         preread: pre,
                     };
                     match handoff::hand_off(&self.shared, offer).await {
@@ -635,7 +672,7 @@ impl Client {
     }
 
     /// Write what is pending to the client.
-    async fn flush(&mut self, t: crate::Timeouts) -> Result<(), Fail> {
+    async fn flush(&mut self, t: Timeouts) -> Result<(), Fail> {
         let r = write_all(&self.stream, &self.out, t.send).await;
         self.out.clear();
         r.map_err(|e| {

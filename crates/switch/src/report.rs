@@ -10,7 +10,8 @@ use switchyard_runtime::report::Datagram;
 use tokio::net::UdpSocket;
 use tokio::sync::watch;
 
-use crate::{Generation, Shared};
+use crate::generation::Generation;
+use crate::state::Shared;
 
 /// Receive reports until the switch stops.
 pub(crate) async fn receive(shared: Arc<Shared>, sock: UdpSocket, mut stop: watch::Receiver<bool>) {

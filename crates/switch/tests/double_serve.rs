@@ -153,6 +153,8 @@ fn setup(
         c.nodes = vec![entry];
         c.mechanism = Mechanism::Handoff;
         c.handoff_timeout_ms = 100;
+        // One worker thread, so one control connection: the scripted taker takes one.
+        c.workers = 1;
         // No health checks: every request the real node sees is a relayed one.
         c.health_interval_ms = 0;
     });

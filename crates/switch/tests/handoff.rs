@@ -63,7 +63,10 @@ fn switch(
         c.mechanism = Mechanism::Handoff;
         tweak(c);
     });
-    // Control connections come up in the background.
+    // Control connections (one per worker thread) come up in the background.
+    assert!(sw
+        .rt
+        .block_on(sw.sw().wait_for_controls(Duration::from_secs(5))));
     assert!(
         eventually(Duration::from_secs(5), || {
             sw.metrics().contains("switchyard_handoff_fd_total") && control_ready(&sw)
@@ -460,4 +463,38 @@ fn reload_adds_and_removes_nodes_under_handoff() {
     assert_eq!(sw.metric("switchyard_switch_relay_seconds_count"), relayed);
     let want: std::collections::HashSet<String> = ["node1".to_string(), "node2".to_string()].into();
     assert_eq!(seen, want);
+}
+
+/// Every worker thread of the switch keeps a control connection of its own to every node: with
+/// two workers each node has two open, and connections accepted on either thread are handed
+/// off.
+#[test]
+fn each_worker_thread_has_its_own_control_connection_to_each_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let (nodes, entries) = nodes(2, dir.path());
+    let sw = switch(entries, |c| {
+        c.workers = 2;
+        c.policy.name = PolicyKind::Rr;
+    });
+    for n in &nodes {
+        let m = n.node.as_ref().unwrap().metrics();
+        assert_eq!(
+            m.handoff
+                .control_connections
+                .load(std::sync::atomic::Ordering::Relaxed),
+            2
+        );
+    }
+    let m = sw.sw().handoff_metrics();
+    let before = m.handoffs_fd.get();
+    let relayed = sw.metric("switchyard_switch_relay_seconds_count");
+    // Connections land on either worker (SO_REUSEPORT spreads them); all move to the nodes.
+    for _ in 0..20 {
+        assert_eq!(sw.client().get("/who").status, 200);
+    }
+    assert!(eventually(Duration::from_secs(5), || m.handoffs_fd.get()
+        - before
+        == 20));
+    assert_eq!(sw.metric("switchyard_switch_relay_seconds_count"), relayed);
+    assert_eq!(fallbacks(&sw, "control_down"), 0);
 }
