@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use libtest_mimic::{Arguments, Completion, Trial};
 
-#[path = "../../handoff/tests/common/exit.rs"]
+#[path = "../../lab/tests/common/exit.rs"]
 mod exit;
 use exit::Exit;
 

@@ -2,7 +2,7 @@
 //! starts a switch and two nodes in their own network namespaces; clients in the client
 //! namespace fetch through the VIP. Needs root (network namespaces, TCP_REPAIR, tc/eBPF):
 //! without it, or with `SWITCHYARD_SKIP_ROOT_TESTS=1`, the runner reports the tests as
-//! ignored with the reason (crates/handoff/tests/common/root.rs, shared with the handoff
+//! ignored with the reason (crates/lab/tests/common/root.rs, shared with the lab
 //! crate's root tests).
 
 use std::io::{Read, Write};
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use switchyard_handoff::netns::NetNs;
 
-#[path = "../../handoff/tests/common/root.rs"]
+#[path = "../../lab/tests/common/root.rs"]
 mod root;
 
 fn main() {

@@ -12,8 +12,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use switchyard_handoff::lab::{LabSpec, Topology};
 use switchyard_handoff::netns::NetNs;
+use switchyard_lab::{LabSpec, Topology};
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
@@ -69,7 +69,7 @@ fn sweep_stale_labs() {
             continue;
         }
         if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            switchyard_handoff::lab::kill_namespace_processes(&name);
+            switchyard_lab::kill_namespace_processes(&name);
             let _ = NetNs::delete(&name);
         }
     }
