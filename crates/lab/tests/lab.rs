@@ -1,6 +1,6 @@
 //! Root test of `switchyard lab`: up (hosts and processes), status --json,
 //! exec on a client, down — and teardown after a failed build. Reported as
-//! ignored without root (see `common/root.rs`).
+//! ignored without root (see `switchyard_testkit::root`).
 
 mod common;
 
