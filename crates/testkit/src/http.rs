@@ -172,6 +172,34 @@ impl Client {
         self.buf.is_empty() && matches!(self.stream.read(&mut [0u8; 1]), Ok(0) | Err(_))
     }
 
+    /// A slow client (slowloris): sends `head` and then `z`s, one byte every
+    /// `every`, until the server answers or closes; the pause between bytes
+    /// is a wait for that answer, not a sleep. Panics if the server has
+    /// neither answered nor closed after `limit`. Reads time out after 10 s
+    /// again afterwards; the answer is left for [`Client::response`].
+    pub fn drip(&mut self, head: &[u8], every: Duration, limit: Duration) {
+        let t = Instant::now();
+        self.stream.set_read_timeout(Some(every)).unwrap();
+        for b in head.iter().chain(std::iter::repeat(&b'z')) {
+            if self.stream.write_all(&[*b]).is_err() {
+                break;
+            }
+            match self.stream.peek(&mut [0u8; 1]) {
+                Ok(_) => break,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(e) => panic!("slow client: {e}"),
+            }
+            assert!(t.elapsed() < limit, "slow client was not cut off");
+        }
+        self.stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+    }
+
     /// Send raw bytes and read one response.
     pub fn raw(&mut self, bytes: &[u8]) -> Response {
         self.send(bytes);
@@ -236,4 +264,33 @@ pub fn get_once(addr: SocketAddr, path: &str) -> std::io::Result<(u16, Vec<u8>)>
 /// The first position of `needle` in `hay`.
 pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pipelined_responses_come_off_the_buffer_one_at_a_time() {
+        let mut buf =
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nX-A: 1\r\n\r\nabcHTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\nHTTP/1.1 404 Not Found\r\nContent-Le"
+                .to_vec();
+        let r = take_response(&mut buf, false).unwrap().unwrap();
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"abc"[..]));
+        assert_eq!(r.header("x-a"), Some("1"));
+        let r = take_response(&mut buf, false).unwrap().unwrap();
+        assert_eq!((r.status, r.body.len()), (304, 0), "a 304 has no body");
+        assert!(take_response(&mut buf, false).unwrap().is_none());
+        assert!(buf.starts_with(b"HTTP/1.1 404"), "the partial head stays");
+    }
+
+    #[test]
+    fn an_answer_to_head_has_no_body_and_garbage_is_an_error() {
+        let mut buf = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n".to_vec();
+        assert!(take_response(&mut buf.clone(), false).unwrap().is_none());
+        let r = take_response(&mut buf, true).unwrap().unwrap();
+        assert_eq!((r.status, r.body.len()), (200, 0));
+        assert!(buf.is_empty());
+        assert!(take_response(&mut b"NOT HTTP\r\n\r\n".to_vec(), false).is_err());
+    }
 }
