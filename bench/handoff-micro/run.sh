@@ -8,4 +8,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 scripts/install-lab-deps
-exec cargo bench -p switchyard-handoff --bench handoff_micro -- "${1:-2000}"
+exec cargo bench -p switchyard-lab --bench handoff_micro -- "${1:-2000}"

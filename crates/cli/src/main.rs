@@ -54,7 +54,7 @@ enum Command {
     Sim(switchyard_sim::cli::SimCommand),
     /// Multi-host lab in network namespaces (clients, switch, nodes; needs root).
     #[command(subcommand)]
-    Lab(switchyard_handoff::lab::cli::LabCommand),
+    Lab(switchyard_lab::cli::LabCommand),
 }
 
 fn main() -> std::process::ExitCode {
@@ -91,7 +91,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Lab(cmd) => {
             let mut out = std::io::stdout().lock();
-            switchyard_handoff::lab::cli::run(&cmd, &mut out)?;
+            switchyard_lab::cli::run(&cmd, &mut out)?;
             Ok(())
         }
         Command::Load(args) => {

@@ -2,15 +2,14 @@
 //! the test that needs root is reported as ignored without it).
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::net::{TcpStream, ToSocketAddrs};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use libtest_mimic::{Arguments, Completion, Trial};
 
-#[path = "../../handoff/tests/common/exit.rs"]
-mod exit;
-use exit::Exit;
+use switchyard_testkit::exit::Exit;
+use switchyard_testkit::http::get_once;
 
 fn main() {
     let args = Arguments::from_args();
@@ -63,14 +62,8 @@ fn bin() -> Command {
 fn get(url: &str) -> (u16, Vec<u8>) {
     let rest = url.strip_prefix("http://").unwrap();
     let (hostport, path) = rest.split_at(rest.find('/').unwrap());
-    let mut s = TcpStream::connect(hostport).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\n\r\n").unwrap();
-    let mut all = Vec::new();
-    s.read_to_end(&mut all).unwrap();
-    let split = all.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
-    let status = std::str::from_utf8(&all[9..12]).unwrap().parse().unwrap();
-    (status, all[split + 4..].to_vec())
+    let addr = hostport.to_socket_addrs().unwrap().next().unwrap();
+    get_once(addr, path).unwrap()
 }
 
 struct Running(Child);

@@ -2,8 +2,8 @@
 //! starts a switch and two nodes in their own network namespaces; clients in the client
 //! namespace fetch through the VIP. Needs root (network namespaces, TCP_REPAIR, tc/eBPF):
 //! without it, or with `SWITCHYARD_SKIP_ROOT_TESTS=1`, the runner reports the tests as
-//! ignored with the reason (crates/handoff/tests/common/root.rs, shared with the handoff
-//! crate's root tests).
+//! ignored with the reason (`switchyard_testkit::root`, shared with the lab crate's
+//! root tests).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -11,9 +11,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use switchyard_handoff::netns::NetNs;
-
-#[path = "../../handoff/tests/common/root.rs"]
-mod root;
+use switchyard_testkit::http::{get_once, read_response};
+use switchyard_testkit::root;
 
 fn main() {
     root::main(root::tests![
@@ -181,56 +180,9 @@ impl Drop for Lab {
     }
 }
 
-/// One HTTP/1.0 request on a new connection: status and body.
-fn get_once(addr: SocketAddr, path: &str) -> std::io::Result<(u16, Vec<u8>)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(s, "GET {path} HTTP/1.0\r\n\r\n")?;
-    let mut all = Vec::new();
-    s.read_to_end(&mut all)?;
-    let split = all
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| std::io::Error::other("no response head"))?;
-    let status = std::str::from_utf8(&all[9..12])
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| std::io::Error::other("bad status line"))?;
-    Ok((status, all[split + 4..].to_vec()))
-}
-
-/// Read one response with a Content-Length body from `s` (`buf` keeps what follows).
-fn read_response(s: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<(u16, Vec<u8>)> {
-    let mut chunk = [0u8; 65536];
-    loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).to_string();
-            let status: u16 = head[9..12].parse().unwrap();
-            let len: usize = head
-                .lines()
-                .find_map(|l| {
-                    let (k, v) = l.split_once(':')?;
-                    k.eq_ignore_ascii_case("content-length")
-                        .then(|| v.trim().parse().unwrap())
-                })
-                .unwrap_or(0);
-            while buf.len() < end + 4 + len {
-                let n = s.read(&mut chunk)?;
-                if n == 0 {
-                    return Err(std::io::Error::other("closed mid-body"));
-                }
-                buf.extend_from_slice(&chunk[..n]);
-            }
-            let body = buf[end + 4..end + 4 + len].to_vec();
-            buf.drain(..end + 4 + len);
-            return Ok((status, body));
-        }
-        let n = s.read(&mut chunk)?;
-        if n == 0 {
-            return Err(std::io::Error::other("closed before a response"));
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
+/// One response on a kept connection: status and body (`buf` keeps what follows).
+fn read_one(s: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<(u16, Vec<u8>)> {
+    read_response(s, buf).map(|r| (r.status, r.body))
 }
 
 /// The lab's generated sample file of `size` bytes.
@@ -306,7 +258,7 @@ fn handoff_across_hosts_with_the_real_switch_and_nodes() {
         for _ in 0..3 {
             s.write_all(b"GET /1k.bin HTTP/1.1\r\nHost: lab\r\n\r\n")
                 .unwrap();
-            let (st, body) = read_response(&mut s, &mut buf).unwrap();
+            let (st, body) = read_one(&mut s, &mut buf).unwrap();
             assert_eq!((st, body), (200, sample(1024)));
         }
         let mut batch = Vec::new();
@@ -315,12 +267,12 @@ fn handoff_across_hosts_with_the_real_switch_and_nodes() {
         }
         s.write_all(&batch).unwrap();
         for _ in 0..8 {
-            let (st, body) = read_response(&mut s, &mut buf).unwrap();
+            let (st, body) = read_one(&mut s, &mut buf).unwrap();
             assert_eq!((st, body.len()), (200, 1024));
         }
         s.write_all(b"GET /5m.bin HTTP/1.1\r\nHost: lab\r\n\r\n")
             .unwrap();
-        let (st, body) = read_response(&mut s, &mut buf).unwrap();
+        let (st, body) = read_one(&mut s, &mut buf).unwrap();
         assert_eq!(st, 200);
         assert!(body == sample(5 * 1024 * 1024), "5 MB body differs");
     });
@@ -340,7 +292,7 @@ fn handoff_across_hosts_with_the_real_switch_and_nodes() {
             s.write_all(b"GET /1k.bin HTTP/1.1\r\nHost: lab\r\nConnection: close\r\n\r\n")
                 .unwrap();
             let mut buf = Vec::new();
-            let (st, body) = read_response(&mut s, &mut buf).unwrap();
+            let (st, body) = read_one(&mut s, &mut buf).unwrap();
             assert_eq!((st, body.len()), (200, 1024));
             // The node closes first; wait for its FIN so the port is free at once.
             let mut rest = Vec::new();
@@ -404,7 +356,7 @@ fn handoff_across_hosts_with_the_real_switch_and_nodes() {
         let mut buf = Vec::new();
         s.write_all(b"GET /1k.bin HTTP/1.1\r\nHost: lab\r\n\r\n")
             .unwrap();
-        assert_eq!(read_response(&mut s, &mut buf).unwrap().0, 200);
+        assert_eq!(read_one(&mut s, &mut buf).unwrap().0, 200);
         s
     });
     let holder = {
@@ -429,7 +381,7 @@ fn handoff_across_hosts_with_the_real_switch_and_nodes() {
         let mut buf = Vec::new();
         let _ = s.write_all(b"GET /1k.bin HTTP/1.1\r\nHost: lab\r\n\r\n");
         // Either the other node still had it (a response) or it ends: never a hang.
-        let ended = read_response(&mut s, &mut buf).is_ok() || t.elapsed() < Duration::from_secs(9);
+        let ended = read_one(&mut s, &mut buf).is_ok() || t.elapsed() < Duration::from_secs(9);
         let mut ok = 0;
         for _ in 0..50 {
             if matches!(get_once(vip, "/1k.bin"), Ok((200, _))) {
@@ -490,7 +442,7 @@ fn multiple_handoff_and_backend_forwarding_across_hosts() {
                 for i in 0..16 {
                     s.write_all(format!("GET /f{i} HTTP/1.1\r\nHost: lab\r\n\r\n").as_bytes())
                         .unwrap();
-                    let (st, body) = read_response(&mut s, &mut buf)
+                    let (st, body) = read_one(&mut s, &mut buf)
                         .unwrap_or_else(|e| panic!("round {round} f{i}: {e}"));
                     assert_eq!(st, 200);
                     assert!(body == file(i), "f{i} body differs");
@@ -531,7 +483,7 @@ fn handoff_with_nftables_steering() {
         for _ in 0..3 {
             s.write_all(b"GET /100k.bin HTTP/1.1\r\nHost: lab\r\n\r\n")
                 .unwrap();
-            let (st, body) = read_response(&mut s, &mut buf).unwrap();
+            let (st, body) = read_one(&mut s, &mut buf).unwrap();
             assert_eq!(st, 200);
             assert!(body == sample(100 * 1024));
         }

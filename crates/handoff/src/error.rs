@@ -5,7 +5,8 @@ use std::io;
 use crate::proto::ProtoError;
 
 /// Everything that can go wrong while moving a connection, steering its
-/// packets or building the lab.
+/// packets or working in network namespaces (the lab crate, which builds its
+/// hosts with [`crate::netns`], reports its errors in these terms too).
 #[derive(Debug, thiserror::Error)]
 pub enum HandoffError {
     /// A system call failed; `what` names the operation.

@@ -39,10 +39,9 @@
 //!   is the rule every taker needs: packets for the VIP that find no socket
 //!   (they arrive while a restore is in progress) are dropped, not reset, so
 //!   the client simply retransmits.
-//! * [`lab`]: the multi-host topology in network namespaces (clients, the
-//!   switch, N nodes on a bridge; optional per-link shaping), its teardown and
-//!   `switchyard lab` ([`lab::cli`]).
-//! * [`netns`]: entering network namespaces from threads and commands.
+//! * [`netns`]: entering network namespaces from threads and commands (the
+//!   steering backends configure the switch's namespace with it; the lab
+//!   crate, `switchyard-lab`, builds its multi-host topology on it).
 //!
 //! When a handoff cannot happen (no CAP_NET_ADMIN: [`HandoffError::NoPrivilege`];
 //! a connection not in ESTABLISHED: [`HandoffError::NotMovable`]; a node that
@@ -55,7 +54,6 @@
 
 pub mod error;
 pub mod fdpass;
-pub mod lab;
 pub mod metrics;
 pub mod mover;
 pub mod netns;

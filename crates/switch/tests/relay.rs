@@ -5,7 +5,6 @@ mod common;
 
 use common::*;
 use std::collections::HashSet;
-use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -335,34 +334,11 @@ fn bad_input_is_answered_while_other_clients_carry_on() {
     // the header timeout (400 ms) cuts it off with 408.
     let mut c = sw.client();
     let t = std::time::Instant::now();
-    c.stream
-        .set_read_timeout(Some(Duration::from_millis(20)))
-        .unwrap();
-    for b in b"GET /a HTTP/1.1\r\nHost: t\r\nX-Slow: "
-        .iter()
-        .chain(std::iter::repeat(&b'z'))
-    {
-        if c.stream.write_all(&[*b]).is_err() {
-            break;
-        }
-        // The pause between bytes is a wait for the switch's answer.
-        match c.stream.peek(&mut [0u8; 1]) {
-            Ok(_) => break,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(e) => panic!("slow client: {e}"),
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "slow client never cut off"
-        );
-    }
-    c.stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
+    c.drip(
+        b"GET /a HTTP/1.1\r\nHost: t\r\nX-Slow: ",
+        Duration::from_millis(20),
+        Duration::from_secs(10),
+    );
     let cut = t.elapsed();
     assert_eq!(c.try_response(false).map(|r| r.status), Ok(408));
     assert!(cut >= Duration::from_millis(400), "cut off after {cut:?}");

@@ -1,13 +1,18 @@
-//! Test support: real nodes and a real switch, each on its own runtime, raw HTTP clients.
-#![allow(dead_code)]
+//! Test support: real nodes and a real switch, each on its own runtime, and a scripted back
+//! end; the raw HTTP/1.1 client, fixtures and waits come from `switchyard-testkit`.
+// Each test target uses a part of this module (and of what it re-exports).
+#![allow(dead_code, unused_imports)]
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
 use switchyard_node::{NodeConfig, RunningNode};
 use switchyard_switch::{RunningSwitch, SwitchConfig};
+pub use switchyard_testkit::http::find;
+pub use switchyard_testkit::http::{Client, Response};
+pub use switchyard_testkit::{eventually, pattern, write};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -162,159 +167,6 @@ impl Drop for TestSwitch {
     }
 }
 
-/// Waits until `f` holds, up to `limit`. Only for states the switch shows
-/// no event for (a gauge or counter in /metrics, a node's health): `f` is
-/// rechecked after a short yield until the deadline.
-pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let end = std::time::Instant::now() + limit;
-    while std::time::Instant::now() < end {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    f()
-}
-
-#[derive(Debug)]
-pub struct Response {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-}
-
-impl Response {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-pub struct Client {
-    pub stream: TcpStream,
-    buf: Vec<u8>,
-}
-
-impl Client {
-    pub fn connect(addr: SocketAddr) -> Client {
-        let stream = TcpStream::connect(addr).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        Client {
-            stream,
-            buf: Vec::new(),
-        }
-    }
-
-    pub fn send(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).unwrap();
-    }
-
-    /// GET `path` on this connection and read the response.
-    pub fn get(&mut self, path: &str) -> Response {
-        self.send(format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes());
-        self.response(false)
-    }
-
-    /// Like `get`, but I/O problems are an `Err` instead of a panic.
-    pub fn try_get(&mut self, path: &str) -> Result<Response, String> {
-        self.stream
-            .write_all(format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes())
-            .map_err(|e| e.to_string())?;
-        self.try_response(false)
-    }
-
-    fn fill(&mut self) -> std::io::Result<usize> {
-        let mut chunk = [0u8; 65536];
-        let n = self.stream.read(&mut chunk)?;
-        self.buf.extend_from_slice(&chunk[..n]);
-        Ok(n)
-    }
-
-    /// Read one response; `head_only` for answers to HEAD.
-    pub fn response(&mut self, head_only: bool) -> Response {
-        self.try_response(head_only).unwrap()
-    }
-
-    pub fn try_response(&mut self, head_only: bool) -> Result<Response, String> {
-        loop {
-            let mut headers = [httparse::EMPTY_HEADER; 64];
-            let mut r = httparse::Response::new(&mut headers);
-            let parsed = r
-                .parse(&self.buf)
-                .map_err(|e| format!("bad response: {e}"))?;
-            if let httparse::Status::Complete(n) = parsed {
-                let status = r.code.unwrap();
-                let headers: Vec<(String, String)> = r
-                    .headers
-                    .iter()
-                    .map(|h| {
-                        (
-                            h.name.to_owned(),
-                            String::from_utf8_lossy(h.value).into_owned(),
-                        )
-                    })
-                    .collect();
-                let len: usize = headers
-                    .iter()
-                    .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
-                    .map(|(_, v)| v.parse().unwrap())
-                    .unwrap_or(0);
-                let body_len = if head_only || status == 304 || status < 200 {
-                    0
-                } else {
-                    len
-                };
-                while self.buf.len() < n + body_len {
-                    if self.fill().map_err(|e| e.to_string())? == 0 {
-                        return Err("connection closed mid-body".into());
-                    }
-                }
-                let body = self.buf[n..n + body_len].to_vec();
-                self.buf.drain(..n + body_len);
-                return Ok(Response {
-                    status,
-                    headers,
-                    body,
-                });
-            }
-            if self.fill().map_err(|e| e.to_string())? == 0 {
-                return Err(format!(
-                    "connection closed before a response; got {:?}",
-                    String::from_utf8_lossy(&self.buf)
-                ));
-            }
-        }
-    }
-
-    /// Whether the server closed the connection (EOF with nothing pending).
-    pub fn is_closed(&mut self) -> bool {
-        self.buf.is_empty() && matches!(self.stream.read(&mut [0u8; 1]), Ok(0) | Err(_))
-    }
-
-    /// Send raw bytes and read one response.
-    pub fn raw(&mut self, bytes: &[u8]) -> Response {
-        self.send(bytes);
-        self.response(false)
-    }
-}
-
-/// Deterministic bytes for test files.
-pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
-
-pub fn write(root: &Path, rel: &str, data: &[u8]) {
-    let p = root.join(rel);
-    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-    std::fs::write(p, data).unwrap();
-}
-
 /// A scripted back end: for each connection, reads one request head (and a Content-Length or
 /// chunked body, kept raw) and answers with what `answer` returns for the raw request bytes.
 /// `None` closes the connection without answering.
@@ -381,8 +233,4 @@ pub fn fake_node(
         }
     });
     (addr, count)
-}
-
-pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
 }

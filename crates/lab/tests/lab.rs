@@ -1,6 +1,6 @@
 //! Root test of `switchyard lab`: up (hosts and processes), status --json,
 //! exec on a client, down — and teardown after a failed build. Reported as
-//! ignored without root (see `common/root.rs`).
+//! ignored without root (see `switchyard_testkit::root`).
 
 mod common;
 
@@ -8,9 +8,9 @@ use std::io::Write;
 use std::time::Duration;
 
 use common::exit::Exit;
-use switchyard_handoff::lab::cli::{run, LabCommand, LabTarget, Mechanism};
-use switchyard_handoff::lab::Topology;
 use switchyard_handoff::netns::NetNs;
+use switchyard_lab::cli::{run, LabCommand, LabTarget, Mechanism};
+use switchyard_lab::Topology;
 
 fn main() {
     common::root::main(common::root::tests![
@@ -37,7 +37,7 @@ fn lab_up_status_exec_down() {
     struct Down(String);
     impl Drop for Down {
         fn drop(&mut self) {
-            switchyard_handoff::lab::cli::down(&self.0);
+            switchyard_lab::cli::down(&self.0);
         }
     }
     let _down = Down(prefix.clone());
@@ -181,7 +181,7 @@ fn failed_build_leaves_nothing_behind() {
     // Occupy the name of the third host's namespace, so the build fails half-way.
     let blocker = format!("{prefix}-n1");
     let _ = NetNs::create(&blocker).unwrap();
-    let spec = switchyard_handoff::lab::LabSpec {
+    let spec = switchyard_lab::LabSpec {
         prefix: prefix.clone(),
         clients: 1,
         nodes: 2,
@@ -192,7 +192,7 @@ fn failed_build_leaves_nothing_behind() {
     assert!(NetNs::exists(&blocker));
     NetNs::delete(&blocker).unwrap();
     // …and a failure in the middle (an impossible rate) removes everything.
-    let spec = switchyard_handoff::lab::LabSpec {
+    let spec = switchyard_lab::LabSpec {
         link_mbit: Some(0),
         ..spec
     };

@@ -1,19 +1,21 @@
-//! Shared pieces of the root tests: their runner (which checks the
-//! environment), a lab that removes itself, a watchdog, and a small blocking
-//! HTTP client.
-#![allow(dead_code)]
+//! Shared pieces of the root tests: a lab that removes itself, a watchdog,
+//! requests on keep-alive connections; their runner (which checks the
+//! environment) and the HTTP response reader come from `switchyard-testkit`.
+// Each test target uses a part of this module (and of what it re-exports).
+#![allow(dead_code, unused_imports)]
 
 pub mod cluster;
-pub mod exit;
-pub mod root;
 
-use std::io::{Read, Write};
+pub use switchyard_testkit::http::{find, read_response, Response};
+pub use switchyard_testkit::{exit, root};
+
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use switchyard_handoff::lab::{LabSpec, Topology};
 use switchyard_handoff::netns::NetNs;
+use switchyard_lab::{LabSpec, Topology};
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
@@ -69,7 +71,7 @@ fn sweep_stale_labs() {
             continue;
         }
         if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            switchyard_handoff::lab::kill_namespace_processes(&name);
+            switchyard_lab::kill_namespace_processes(&name);
             let _ = NetNs::delete(&name);
         }
     }
@@ -106,77 +108,6 @@ pub fn in_ns<T: Send + 'static>(ns: NetNs, f: impl FnOnce() -> T + Send + 'stati
     })
     .join()
     .expect("thread in namespace panicked")
-}
-
-/// One parsed HTTP response.
-#[derive(Debug, Clone)]
-pub struct Response {
-    pub status: u16,
-    pub head: String,
-    pub body: Vec<u8>,
-}
-
-impl Response {
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-}
-
-/// Reads one response with a Content-Length body from `s`, using `buf` for
-/// bytes already read.
-pub fn read_response(s: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<Response> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut tmp = vec![0u8; 64 * 1024];
-    loop {
-        if let Some(pos) = find(buf, b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..pos]).into_owned();
-            let status: u16 = head
-                .split_whitespace()
-                .nth(1)
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(0);
-            let len: usize = head
-                .lines()
-                .find_map(|l| {
-                    let (k, v) = l.split_once(':')?;
-                    k.eq_ignore_ascii_case("content-length")
-                        .then(|| v.trim().parse().ok())?
-                })
-                .unwrap_or(0);
-            let total = pos + 4 + len;
-            while buf.len() < total {
-                let n = s.read(&mut tmp)?;
-                if n == 0 {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::UnexpectedEof,
-                        format!("EOF after {} of {} body bytes", buf.len() - pos - 4, len),
-                    ));
-                }
-                buf.extend_from_slice(&tmp[..n]);
-                if Instant::now() > deadline {
-                    return Err(std::io::ErrorKind::TimedOut.into());
-                }
-            }
-            let body = buf[pos + 4..total].to_vec();
-            buf.drain(..total);
-            return Ok(Response { status, head, body });
-        }
-        let n = s.read(&mut tmp)?;
-        if n == 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "EOF before a response head",
-            ));
-        }
-        buf.extend_from_slice(&tmp[..n]);
-        if Instant::now() > deadline {
-            return Err(std::io::ErrorKind::TimedOut.into());
-        }
-    }
-}
-
-pub fn find(h: &[u8], n: &[u8]) -> Option<usize> {
-    h.windows(n.len()).position(|w| w == n)
 }
 
 /// Connects with timeouts set.

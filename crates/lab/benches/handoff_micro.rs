@@ -8,7 +8,7 @@
 //! answers the client, which checks the response, so every measured handoff
 //! really worked. Prints median and p99 in µs.
 //!
-//! `cargo bench -p switchyard-handoff --bench handoff_micro [-- N]`
+//! `cargo bench -p switchyard-lab --bench handoff_micro [-- N]`
 //! (bench/handoff-micro/run.sh)
 
 use std::io::{Read, Write};
@@ -17,12 +17,12 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use switchyard_handoff::lab::{LabSpec, Role, Topology};
 use switchyard_handoff::netns::{self, NetNs};
 use switchyard_handoff::proto::{Message, Transfer};
 use switchyard_handoff::repair::{self, RepairState};
 use switchyard_handoff::steer::ebpf::{EbpfConfig, EbpfSteering};
 use switchyard_handoff::steer::{parse_mac, Flow, NoSocketDrop, Steering, Target};
+use switchyard_lab::{LabSpec, Role, Topology};
 
 struct Guard(String);
 impl Drop for Guard {

@@ -1,6 +1,6 @@
 //! Root tests: real handoffs between network namespaces the tests build and
 //! remove. Without root, or with SWITCHYARD_SKIP_ROOT_TESTS=1, the runner
-//! reports them as ignored with the reason (see `common/root.rs`).
+//! reports them as ignored with the reason (see `switchyard_testkit::root`).
 
 mod common;
 
@@ -90,13 +90,7 @@ fn five_megabytes_and_multiple_handoff_on_one_connection() {
     .expect("requests across multiple handoffs");
     let by: Vec<String> = r
         .iter()
-        .map(|x| {
-            x.head
-                .lines()
-                .find(|l| l.starts_with("X-Served-By"))
-                .unwrap_or("")
-                .to_string()
-        })
+        .map(|x| x.header("X-Served-By").unwrap_or("").to_string())
         .collect();
     assert!(r[0].text().starts_with("/move1 served by node"));
     assert_eq!(r[1].body.len(), 5 * 1024 * 1024);

@@ -17,6 +17,13 @@
 //! own network. [`Topology::teardown`] deletes every namespace with the
 //! prefix (processes inside are killed first), so it also cleans up after a
 //! build that failed half-way; [`Topology::build`] calls it on failure.
+//!
+//! [`cli`] is `switchyard lab up|down|status|exec`, which starts the real
+//! switch and nodes on those hosts. The crate's root tests (handoff between
+//! its hosts, the lab's own life cycle) and the handoff micro-benchmark run
+//! on it; they need root and report themselves as ignored without it.
+//! Errors are the handoff crate's [`HandoffError`]: everything here is
+//! namespaces and commands run in them, as in [`switchyard_handoff::netns`].
 
 pub mod cli;
 
@@ -27,8 +34,8 @@ use std::process::Command;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use crate::error::{HandoffError, Result};
-use crate::netns::{self, NetNs};
+use switchyard_handoff::netns::{self, NetNs};
+use switchyard_handoff::{HandoffError, Result};
 
 /// The lab's subnet (a /24 inside its own namespaces only).
 pub const SUBNET: [u8; 3] = [10, 213, 0];
@@ -294,7 +301,7 @@ fn iface_mac(ns: &NetNs, ifname: &str) -> Result<String> {
     std::thread::scope(|s| {
         s.spawn(|| -> Result<String> {
             let _g = ns.enter()?;
-            let (mac, _) = crate::steer::interface_info(ifname)?;
+            let (mac, _) = switchyard_handoff::steer::interface_info(ifname)?;
             Ok(mac
                 .iter()
                 .map(|b| format!("{b:02x}"))

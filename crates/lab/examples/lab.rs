@@ -1,13 +1,13 @@
-//! Drives `switchyard lab` without the main binary (until it is wired in):
+//! `switchyard lab` on its own, without building the main binary:
 //!
 //! ```text
-//! cargo run -p switchyard-handoff --example lab -- up --nodes 2 --binary target/release/switchyard
-//! cargo run -p switchyard-handoff --example lab -- status --json
-//! cargo run -p switchyard-handoff --example lab -- down
+//! cargo run -p switchyard-lab --example lab -- up --nodes 2 --binary target/release/switchyard
+//! cargo run -p switchyard-lab --example lab -- status --json
+//! cargo run -p switchyard-lab --example lab -- down
 //! ```
 
 use clap::Parser;
-use switchyard_handoff::lab::cli::{run, LabCommand};
+use switchyard_lab::cli::{run, LabCommand};
 
 #[derive(Parser, Debug)]
 #[command(name = "lab")]

@@ -17,13 +17,13 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
 use switchyard_handoff::fdpass::{MsgReader, MsgWriter};
-use switchyard_handoff::lab::Role;
 use switchyard_handoff::netns::NetNs;
 use switchyard_handoff::proto::{DropReason, Message, Transfer};
 use switchyard_handoff::repair;
 use switchyard_handoff::steer::ebpf::{EbpfConfig, EbpfSteering};
 use switchyard_handoff::steer::nft::NftSteering;
 use switchyard_handoff::steer::{parse_mac, Flow, NoSocketDrop, Steering, Target};
+use switchyard_lab::Role;
 
 use super::{big_body, find, LabGuard};
 

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 pub struct Exit(Option<OwnedFd>);
 
 impl Exit {
+    /// Watches process `pid` (an exit that already happened counts).
     pub fn watch(pid: u32) -> Exit {
         // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };

@@ -1,4 +1,5 @@
-//! The runner of the root test targets (`harness = false`, libtest-mimic).
+//! The runner of the root test targets (`harness = false`, libtest-mimic):
+//! the lab crate's and the binary's network-namespace suites.
 //!
 //! A root test builds network namespaces and moves sockets with
 //! `TCP_REPAIR`, so it needs CAP_NET_ADMIN and CAP_SYS_ADMIN. Without them,
@@ -43,13 +44,15 @@ pub fn requirements() -> Result<(), String> {
         .map_err(|e| format!("TCP_REPAIR is unavailable: {e}"))
 }
 
-/// The list of tests for [`main`], each named by its function.
-macro_rules! tests {
+/// The list of tests for [`main`], each named by its function:
+/// `root::main(root::tests![first_test, second_test])`.
+#[macro_export]
+macro_rules! root_tests {
     ($($name:ident),* $(,)?) => {
         &[$((stringify!($name), $name as fn())),*]
     };
 }
-pub(crate) use tests;
+pub use crate::root_tests as tests;
 
 /// Runs `tests` as this target's test harness and exits with its status.
 pub fn main(tests: &[RootTest]) -> ! {

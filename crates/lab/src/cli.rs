@@ -22,9 +22,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::json;
+use switchyard_handoff::{HandoffError, Result};
 
-use super::{LabProcess, LabSpec, LabState, Role, Topology};
-use crate::error::{HandoffError, Result};
+use crate::{LabProcess, LabSpec, LabState, Role, Topology};
 
 /// Port of the nodes' handoff control listeners in the lab.
 pub const CONTROL_PORT: u16 = 7000;

@@ -1,0 +1,29 @@
+//! Test support shared by the switchyard test suites; used only as a
+//! dev-dependency, never by a library or the binary.
+//!
+//! * [`http`]: a raw HTTP/1.x client over a blocking [`std::net::TcpStream`]
+//!   (send bytes, read one response with status, headers and body, keep the
+//!   connection for the next one), a reader for callers that hold their own
+//!   stream and buffer, and a one-shot HTTP/1.0 `GET`.
+//! * [`fixture`]: files for document roots (deterministic contents, written
+//!   below a root).
+//! * [`wait`]: a bounded wait for a state that shows no event (a gauge in
+//!   `/metrics`).
+//! * [`exit`]: a process's exit as an event (a pidfd), to wait for processes
+//!   without polling.
+//! * `root` (feature `root`): the runner of the root test targets, which
+//!   reports them as ignored, with the reason, where they cannot run.
+//!
+//! The crate depends on no server crate (node, switch): a suite that starts
+//! real servers does so itself, so no crate's tests link a second copy of
+//! that crate.
+
+pub mod exit;
+pub mod fixture;
+pub mod http;
+#[cfg(feature = "root")]
+pub mod root;
+pub mod wait;
+
+pub use fixture::{pattern, write};
+pub use wait::eventually;
