@@ -30,26 +30,24 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::{Buf, Bytes, BytesMut};
-use nix::sys::socket::{recv, send, MsgFlags};
+use nix::sys::socket::{send, MsgFlags};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::timeout_at;
 
-use switchyard_http::chunked::ChunkedDecoder;
 use switchyard_http::conditional::{if_range_allows, none_match, not_modified_since};
 use switchyard_http::path;
 use switchyard_http::range::{evaluate, RangeDecision};
-use switchyard_http::request::{
-    self, BodyFraming, Limits, Method, ParseOutcome, RequestHead, Version,
-};
+use switchyard_http::request::{BodyFraming, Limits, Method, RequestHead, Version};
 use switchyard_http::response::{DateCache, ResponseHead};
 
 use crate::forward;
 use crate::fs::FileInfo;
 use crate::metrics::NodeMetrics;
 use crate::store::{CachedObject, Content, Resolved, Store};
-use switchyard_runtime::idle::{wait_for_bytes, Wait};
+use switchyard_runtime::request::{self as reading, BodyError, ClientConn, ClientParts};
+use switchyard_runtime::request::{HeadEnd, HeadWait};
 
 /// Buffered responses are flushed once this much is pending.
 const FLUSH_AT: usize = 64 * 1024;
@@ -312,6 +310,31 @@ impl<R: Router> switchyard_upstream::Client for Conn<'_, R> {
     }
 }
 
+/// Requests are read with the runtime's helpers; the loop's pipelined
+/// responses are written before it waits for more.
+impl<R: Router> ClientConn for Conn<'_, R> {
+    fn parts(&mut self) -> ClientParts<'_> {
+        ClientParts {
+            stream: &mut self.stream,
+            buf: &mut self.buf,
+            shutdown: &mut self.shutdown,
+        }
+    }
+
+    fn before_wait(&mut self) -> impl Future<Output = io::Result<()>> + Send {
+        self.flush()
+    }
+
+    fn idle(&mut self) {
+        self.out = Vec::new();
+    }
+
+    async fn send_continue(&mut self) -> io::Result<()> {
+        self.out.extend_from_slice(reading::CONTINUE);
+        self.flush().await
+    }
+}
+
 impl<R: Router> Conn<'_, R> {
     async fn run(&mut self) -> End {
         let mut first = true;
@@ -552,74 +575,31 @@ impl<R: Router> Conn<'_, R> {
 
     /// Parse the next request head, reading (and flushing) as needed.
     async fn next_head(&mut self, first: bool) -> Result<RequestHead, End> {
-        let limits = self.ctx.limits;
-        let mut deadline: Option<tokio::time::Instant> = None;
-        let mut tried_early = false;
-        loop {
-            if !self.buf.is_empty() {
-                match request::parse(&self.buf, &limits) {
-                    Ok(ParseOutcome::Complete(h)) => return Ok(h),
-                    Ok(ParseOutcome::Partial) => {}
-                    Err(e) => {
-                        self.flush().await?;
-                        tracing::debug!(error = %e, "bad request");
-                        return Err(End::Error(e.status()));
-                    }
-                }
+        let ctx = self.ctx;
+        let wait = HeadWait {
+            limits: &ctx.limits,
+            header: ctx.header_timeout,
+            idle: ctx.idle_timeout,
+            first,
+            read_early: true,
+        };
+        match reading::next_head(self, wait).await {
+            Ok(h) => Ok(h),
+            Err(HeadEnd::Bad(e)) => {
+                // The responses before it go out with the error response.
+                tracing::debug!(error = %e, "bad request");
+                Err(End::Error(e.status()))
             }
-            // About to wait for the client: send what is pending first.
-            self.flush().await?;
-            if self.buf.is_empty() && first && !tried_early {
-                // A new client's request usually arrives right behind the
-                // handshake: read it now rather than after a trip through
-                // the event loop.
-                tried_early = true;
-                if self.read_now() {
-                    continue;
-                }
+            Err(HeadEnd::Closed) => Err(End::Quiet),
+            Err(HeadEnd::IdleTimeout) => {
+                self.count_timeout();
+                Err(End::Quiet)
             }
-            if self.buf.is_empty() {
-                // Idle: release buffers, wait for the next request.
-                self.buf = BytesMut::new();
-                self.out = Vec::new();
-                let wait = if first {
-                    self.ctx.header_timeout
-                } else {
-                    self.ctx.idle_timeout
-                };
-                let until = tokio::time::Instant::now() + wait;
-                match wait_for_bytes(&self.stream, &mut self.buf, until, &mut self.shutdown).await {
-                    Wait::Data => {}
-                    Wait::Closed | Wait::Shutdown => return Err(End::Quiet),
-                    Wait::TimedOut => {
-                        self.count_timeout();
-                        return Err(End::Quiet);
-                    }
-                    Wait::Failed => return Err(End::Broken),
-                }
-                continue;
+            Err(HeadEnd::TimedOut) => {
+                self.count_timeout();
+                Err(End::Error(408))
             }
-            let until = *deadline
-                .get_or_insert_with(|| tokio::time::Instant::now() + self.ctx.header_timeout);
-            match self.fill(until).await {
-                Ok(0) => {
-                    return Err(if self.buf.is_empty() {
-                        End::Quiet
-                    } else {
-                        End::Broken
-                    })
-                }
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::TimedOut => {
-                    self.count_timeout();
-                    return Err(if self.buf.is_empty() {
-                        End::Quiet
-                    } else {
-                        End::Error(408)
-                    });
-                }
-                Err(_) => return Err(End::Broken),
-            }
+            Err(HeadEnd::Broken) => Err(End::Broken),
         }
     }
 
@@ -627,70 +607,19 @@ impl<R: Router> Conn<'_, R> {
         self.ctx.metrics.timeouts.fetch_add(1, Relaxed);
     }
 
-    /// Read what the socket already holds, without waiting; true if any
-    /// bytes arrived. (A direct non-blocking recv: the runtime's readiness
-    /// state stays correct because a later read that finds nothing simply
-    /// clears it.)
-    fn read_now(&mut self) -> bool {
-        let mut tmp = [0u8; 4096];
-        match recv(self.stream.as_raw_fd(), &mut tmp, MsgFlags::MSG_DONTWAIT) {
-            Ok(n) if n > 0 => {
-                self.buf.extend_from_slice(&tmp[..n]);
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// Read whatever is available into `buf`, waiting until `until`.
-    async fn fill(&mut self, until: tokio::time::Instant) -> io::Result<usize> {
-        switchyard_runtime::close::fill(&mut self.stream, &mut self.buf, until).await
-    }
-
     /// Read and drop a request body (GET and HEAD bodies carry no meaning).
     async fn discard_body(&mut self, head: &RequestHead) -> Result<(), End> {
-        if head.expect_continue {
-            self.out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
-            self.flush().await?;
-        }
-        let until = tokio::time::Instant::now() + self.ctx.header_timeout;
-        match head.framing {
-            BodyFraming::None => Ok(()),
-            BodyFraming::Length(mut left) => loop {
-                let take = (self.buf.len() as u64).min(left) as usize;
-                self.buf.advance(take);
-                left -= take as u64;
-                if left == 0 {
-                    return Ok(());
-                }
-                self.read_more(until).await?;
-            },
-            BodyFraming::Chunked => {
-                let mut dec = ChunkedDecoder::new();
-                loop {
-                    let used = dec.decode(&self.buf, |_| {}).map_err(|_| End::Error(400))?;
-                    self.buf.advance(used);
-                    if dec.body_len() > self.ctx.limits.max_body_bytes {
-                        return Err(End::Error(413));
-                    }
-                    if dec.is_done() {
-                        return Ok(());
-                    }
-                    self.read_more(until).await?;
-                }
-            }
-        }
-    }
-
-    async fn read_more(&mut self, until: tokio::time::Instant) -> Result<(), End> {
-        match self.fill(until).await {
-            Ok(0) => Err(End::Broken),
-            Ok(_) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+        let max = self.ctx.limits.max_body_bytes;
+        let timeout = self.ctx.header_timeout;
+        match reading::read_body(self, head, max, timeout, None).await {
+            Ok(()) => Ok(()),
+            Err(BodyError::Malformed(_)) => Err(End::Error(400)),
+            Err(BodyError::TooLarge) => Err(End::Error(413)),
+            Err(BodyError::TimedOut) => {
                 self.count_timeout();
                 Err(End::Error(408))
             }
-            Err(_) => Err(End::Broken),
+            Err(BodyError::Broken) => Err(End::Broken),
         }
     }
 
