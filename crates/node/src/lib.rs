@@ -333,7 +333,8 @@ struct Worker {
 }
 
 impl Worker {
-    /// New clients wait in the kernel's accept queue while every slot is taken.
+    /// While every slot is taken, the client just accepted waits for one and
+    /// new clients wait in the kernel's accept queue.
     async fn accept_loop(&self, listener: &TcpListener, live: &Live) {
         use std::sync::atomic::Ordering::Relaxed;
         accept_loop(
