@@ -1,7 +1,7 @@
 //! Serving plumbing shared by the switchyard node and switch.
 //!
 //! Both servers run thread-per-core: [`workers`] starts one OS thread per
-//! `SO_REUSEPORT` listener ([`listen`]), each a single-threaded tokio runtime
+//! `SO_REUSEPORT` listener ([`mod@listen`]), each a single-threaded tokio runtime
 //! whose [`accept::accept_loop`] bounds open connections with slots and backs
 //! off when accepting fails for lack of resources. An idle keep-alive
 //! connection waits without buffers in [`idle::wait_for_bytes`]; request
