@@ -17,10 +17,11 @@ pub struct NodeConfig {
     pub admin: Option<SocketAddr>,
     /// Worker threads; 0 means one per core.
     pub workers: usize,
-    /// Most client connections open at once; further ones wait in the
-    /// kernel's accept queue. Connections handed in by a switch count too
-    /// (one at the cap is refused with `Drop{Busy}`); each worker's accept
-    /// loop holds one slot while it waits for a client.
+    /// Most client connections open at once; further ones wait to be
+    /// served (one per worker accepted, the rest in the kernel's accept
+    /// queue). Connections handed in by a switch count too (one at the cap
+    /// is refused with `Drop{Busy}`); an accept loop waiting for a client
+    /// holds no slot.
     pub max_connections: usize,
     /// Budget of the in-memory object cache, in bytes (0 disables it).
     pub cache_bytes: u64,

@@ -11,44 +11,107 @@
 //! separately boxed future, so the task that sleeps between requests is
 //! only the small state of waiting for the next head.
 //!
-//! A connection handed in by a switch runs the same loop with a
-//! [`Dispatch`] attached ([`serve_dispatched`]): before each request after
-//! the first it may ask the switch how to serve it (locally, fetched from
-//! another node, or given back to the switch), and it reports each response
-//! the switch dispatched once that response is written. Ordinary accepted
-//! connections carry no dispatch and take the same path as before.
+//! A connection handed in by a switch runs the same loop with a [`Router`]
+//! attached ([`serve_routed`]): before each request it asks the router how
+//! to serve it (here, fetched from another node, or given back), and tells
+//! it about each response it chose to have served here once that response
+//! is complete and once it is written. The loop knows nothing of switches or
+//! control connections: `crate::handoff` implements the router. Ordinary
+//! accepted connections carry no router and take the same path as before.
 
 use std::cell::RefCell;
 use std::fs::File;
+use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::{Buf, Bytes, BytesMut};
-use nix::sys::socket::{recv, send, MsgFlags};
+use nix::sys::socket::{send, MsgFlags};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::timeout_at;
 
-use switchyard_http::chunked::ChunkedDecoder;
 use switchyard_http::conditional::{if_range_allows, none_match, not_modified_since};
 use switchyard_http::path;
 use switchyard_http::range::{evaluate, RangeDecision};
-use switchyard_http::request::{self, BodyFraming, Method, ParseOutcome, RequestHead, Version};
+use switchyard_http::request::{BodyFraming, Limits, Method, RequestHead, Version};
 use switchyard_http::response::{DateCache, ResponseHead};
 
 use crate::forward;
 use crate::fs::FileInfo;
-use crate::handoff::{Dispatch, Step};
-use crate::store::{CachedObject, Content, Resolved};
-use crate::Ctx;
-use switchyard_runtime::idle::{wait_for_bytes, Wait};
+use crate::metrics::NodeMetrics;
+use crate::store::{CachedObject, Content, Resolved, Store};
+use switchyard_runtime::request::{self as reading, BodyError, ClientConn, ClientParts};
+use switchyard_runtime::request::{HeadEnd, HeadWait};
 
 /// Buffered responses are flushed once this much is pending.
 const FLUSH_AT: usize = 64 * 1024;
+
+/// Shared by every connection of a node.
+#[derive(Debug)]
+pub(crate) struct Ctx {
+    pub(crate) limits: Limits,
+    pub(crate) store: Arc<Store>,
+    pub(crate) metrics: Arc<NodeMetrics>,
+    pub(crate) header_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
+    pub(crate) send_timeout: Duration,
+}
+
+/// What the loop does with a request of a routed connection.
+pub(crate) enum Step {
+    /// Serve it here; `dispatched` when the router chose this (the router
+    /// hears of its response through [`Router::answered`]).
+    Local { dispatched: bool },
+    /// Fetch it from the node whose HTTP listener is at this address.
+    Forward(SocketAddr),
+    /// End the loop with this request unread: the connection goes elsewhere.
+    HandBack,
+}
+
+/// Decides, request by request, how a routed connection is served, and
+/// hears about the responses it dispatched.
+pub(crate) trait Router: Send {
+    /// Whether [`Router::route`] will wait for an answer from elsewhere for
+    /// the next request (the loop writes earlier responses first).
+    fn asks(&self) -> bool;
+
+    /// How to serve the request whose head is `head`.
+    fn route(&mut self, head: &RequestHead) -> impl Future<Output = Step> + Send;
+
+    /// The response to a dispatched request is complete in the output:
+    /// its status and length.
+    fn answered(&mut self, status: u16, bytes: u64);
+
+    /// Everything produced so far has been written to the client.
+    fn flushed(&mut self);
+}
+
+/// The router of an ordinary accepted connection: there is none.
+pub(crate) enum Unrouted {}
+
+impl Router for Unrouted {
+    fn asks(&self) -> bool {
+        match *self {}
+    }
+
+    async fn route(&mut self, _: &RequestHead) -> Step {
+        match *self {}
+    }
+
+    fn answered(&mut self, _: u16, _: u64) {
+        match *self {}
+    }
+
+    fn flushed(&mut self) {
+        match *self {}
+    }
+}
 
 thread_local! {
     /// The `Date` value, formatted once per second per worker thread.
@@ -93,7 +156,7 @@ enum Body {
     },
 }
 
-struct Conn<'a> {
+struct Conn<'a, R: Router> {
     ctx: &'a Ctx,
     stream: TcpStream,
     buf: BytesMut,
@@ -104,8 +167,8 @@ struct Conn<'a> {
     stats: ConnStats,
     /// Status of the last response produced.
     last_status: u16,
-    /// Set on connections handed in by a switch.
-    dispatch: Option<&'a mut Dispatch>,
+    /// Set on routed connections (handed in by a switch).
+    router: Option<&'a mut R>,
 }
 
 /// Why the connection loop ended.
@@ -116,7 +179,7 @@ enum End {
     Error(u16),
     /// I/O failed; nothing more can be sent.
     Broken,
-    /// The switch takes the connection back: everything answered is sent,
+    /// The router takes the connection back: everything answered is sent,
     /// and the next request is still unread in `buf`.
     Moved,
 }
@@ -143,11 +206,11 @@ impl std::ops::AddAssign for ConnStats {
     }
 }
 
-/// How a handed-in connection's loop ended.
+/// How a routed connection's loop ended.
 pub(crate) enum Outcome {
     /// The connection is closed (or broken).
     Closed(ConnStats),
-    /// The switch asked for the connection back: everything answered has
+    /// The router asked for the connection back: everything answered has
     /// been written; `rest` holds the next request's bytes, unread.
     Moved {
         stream: TcpStream,
@@ -165,7 +228,7 @@ pub(crate) async fn serve(
     shutdown: watch::Receiver<bool>,
     preread: BytesMut,
 ) -> ConnStats {
-    let mut conn = Conn {
+    let mut conn = Conn::<Unrouted> {
         ctx: &ctx,
         stream,
         buf: preread,
@@ -174,7 +237,7 @@ pub(crate) async fn serve(
         shutdown,
         stats: ConnStats::default(),
         last_status: 0,
-        dispatch: None,
+        router: None,
     };
     if let End::Error(status) = conn.run().await {
         Box::pin(conn.fail(status)).await;
@@ -182,14 +245,14 @@ pub(crate) async fn serve(
     conn.stats
 }
 
-/// Serve a connection handed in by a switch: like [`serve`], with
-/// `dispatch` consulted before each request and told about each response.
-pub(crate) async fn serve_dispatched(
+/// Serve a routed connection: like [`serve`], with `router` consulted
+/// before each request and told about each response it dispatched.
+pub(crate) async fn serve_routed<R: Router>(
     ctx: &Ctx,
     stream: TcpStream,
     shutdown: watch::Receiver<bool>,
     preread: BytesMut,
-    dispatch: &mut Dispatch,
+    router: &mut R,
 ) -> Outcome {
     let mut conn = Conn {
         ctx,
@@ -200,7 +263,7 @@ pub(crate) async fn serve_dispatched(
         shutdown,
         stats: ConnStats::default(),
         last_status: 0,
-        dispatch: Some(dispatch),
+        router: Some(router),
     };
     match conn.run().await {
         End::Error(status) => {
@@ -233,7 +296,7 @@ enum Forwarded {
 }
 
 /// A forwarded response goes through the connection's output buffer.
-impl switchyard_upstream::Client for Conn<'_> {
+impl<R: Router> switchyard_upstream::Client for Conn<'_, R> {
     fn pending(&mut self) -> &mut Vec<u8> {
         &mut self.out
     }
@@ -247,7 +310,32 @@ impl switchyard_upstream::Client for Conn<'_> {
     }
 }
 
-impl Conn<'_> {
+/// Requests are read with the runtime's helpers; the loop's pipelined
+/// responses are written before it waits for more.
+impl<R: Router> ClientConn for Conn<'_, R> {
+    fn parts(&mut self) -> ClientParts<'_> {
+        ClientParts {
+            stream: &mut self.stream,
+            buf: &mut self.buf,
+            shutdown: &mut self.shutdown,
+        }
+    }
+
+    fn before_wait(&mut self) -> impl Future<Output = io::Result<()>> + Send {
+        self.flush()
+    }
+
+    fn idle(&mut self) {
+        self.out = Vec::new();
+    }
+
+    async fn send_continue(&mut self) -> io::Result<()> {
+        self.out.extend_from_slice(reading::CONTINUE);
+        self.flush().await
+    }
+}
+
+impl<R: Router> Conn<'_, R> {
     async fn run(&mut self) -> End {
         let mut first = true;
         loop {
@@ -255,8 +343,8 @@ impl Conn<'_> {
                 Ok(h) => h,
                 Err(e) => return e,
             };
-            let end = if self.dispatch.is_some() {
-                Box::pin(self.dispatched(head)).await
+            let end = if self.router.is_some() {
+                Box::pin(self.routed(head)).await
             } else {
                 Box::pin(self.handle(head)).await
             };
@@ -283,16 +371,16 @@ impl Conn<'_> {
         self.ctx.metrics.count_status(code);
     }
 
-    /// Answer one request of a handed-in connection as its dispatch says.
-    async fn dispatched(&mut self, head: RequestHead) -> Option<End> {
-        if self.dispatch.as_deref().is_some_and(Dispatch::asks) {
-            // The switch's answer takes a round trip: let the client have
-            // the earlier responses meanwhile.
+    /// Answer one request of a routed connection as its router says.
+    async fn routed(&mut self, head: RequestHead) -> Option<End> {
+        if self.router.as_deref().is_some_and(R::asks) {
+            // The answer takes a round trip: let the client have the
+            // earlier responses meanwhile.
             if self.flush().await.is_err() {
                 return Some(End::Broken);
             }
         }
-        let step = match self.dispatch.as_deref_mut() {
+        let step = match self.router.as_deref_mut() {
             Some(d) => d.route(&head).await,
             None => Step::Local { dispatched: false },
         };
@@ -314,7 +402,7 @@ impl Conn<'_> {
         if dispatched {
             let bytes = self.produced() - before;
             let status = self.last_status;
-            if let Some(d) = self.dispatch.as_deref_mut() {
+            if let Some(d) = self.router.as_deref_mut() {
                 d.answered(status, bytes);
                 // A connection that ended quietly has flushed everything.
                 if matches!(end, Some(End::Quiet)) {
@@ -328,7 +416,7 @@ impl Conn<'_> {
     /// Fetch the response to `head` from the node whose HTTP listener is at
     /// `peer` (back-end forwarding) and send it to the client with the
     /// client's own keep-alive and version.
-    async fn forward(&mut self, head: &RequestHead, peer: std::net::SocketAddr) -> Forwarded {
+    async fn forward(&mut self, head: &RequestHead, peer: SocketAddr) -> Forwarded {
         let started = Instant::now();
         let http10 = head.version == Version::Http10;
         let mut req = Vec::with_capacity(head.head_len + 64);
@@ -487,74 +575,31 @@ impl Conn<'_> {
 
     /// Parse the next request head, reading (and flushing) as needed.
     async fn next_head(&mut self, first: bool) -> Result<RequestHead, End> {
-        let limits = self.ctx.limits;
-        let mut deadline: Option<tokio::time::Instant> = None;
-        let mut tried_early = false;
-        loop {
-            if !self.buf.is_empty() {
-                match request::parse(&self.buf, &limits) {
-                    Ok(ParseOutcome::Complete(h)) => return Ok(h),
-                    Ok(ParseOutcome::Partial) => {}
-                    Err(e) => {
-                        self.flush().await?;
-                        tracing::debug!(error = %e, "bad request");
-                        return Err(End::Error(e.status()));
-                    }
-                }
+        let ctx = self.ctx;
+        let wait = HeadWait {
+            limits: &ctx.limits,
+            header: ctx.header_timeout,
+            idle: ctx.idle_timeout,
+            first,
+            read_early: true,
+        };
+        match reading::next_head(self, wait).await {
+            Ok(h) => Ok(h),
+            Err(HeadEnd::Bad(e)) => {
+                // The responses before it go out with the error response.
+                tracing::debug!(error = %e, "bad request");
+                Err(End::Error(e.status()))
             }
-            // About to wait for the client: send what is pending first.
-            self.flush().await?;
-            if self.buf.is_empty() && first && !tried_early {
-                // A new client's request usually arrives right behind the
-                // handshake: read it now rather than after a trip through
-                // the event loop.
-                tried_early = true;
-                if self.read_now() {
-                    continue;
-                }
+            Err(HeadEnd::Closed) => Err(End::Quiet),
+            Err(HeadEnd::IdleTimeout) => {
+                self.count_timeout();
+                Err(End::Quiet)
             }
-            if self.buf.is_empty() {
-                // Idle: release buffers, wait for the next request.
-                self.buf = BytesMut::new();
-                self.out = Vec::new();
-                let wait = if first {
-                    self.ctx.header_timeout
-                } else {
-                    self.ctx.idle_timeout
-                };
-                let until = tokio::time::Instant::now() + wait;
-                match wait_for_bytes(&self.stream, &mut self.buf, until, &mut self.shutdown).await {
-                    Wait::Data => {}
-                    Wait::Closed | Wait::Shutdown => return Err(End::Quiet),
-                    Wait::TimedOut => {
-                        self.count_timeout();
-                        return Err(End::Quiet);
-                    }
-                    Wait::Failed => return Err(End::Broken),
-                }
-                continue;
+            Err(HeadEnd::TimedOut) => {
+                self.count_timeout();
+                Err(End::Error(408))
             }
-            let until = *deadline
-                .get_or_insert_with(|| tokio::time::Instant::now() + self.ctx.header_timeout);
-            match self.fill(until).await {
-                Ok(0) => {
-                    return Err(if self.buf.is_empty() {
-                        End::Quiet
-                    } else {
-                        End::Broken
-                    })
-                }
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::TimedOut => {
-                    self.count_timeout();
-                    return Err(if self.buf.is_empty() {
-                        End::Quiet
-                    } else {
-                        End::Error(408)
-                    });
-                }
-                Err(_) => return Err(End::Broken),
-            }
+            Err(HeadEnd::Broken) => Err(End::Broken),
         }
     }
 
@@ -562,70 +607,19 @@ impl Conn<'_> {
         self.ctx.metrics.timeouts.fetch_add(1, Relaxed);
     }
 
-    /// Read what the socket already holds, without waiting; true if any
-    /// bytes arrived. (A direct non-blocking recv: the runtime's readiness
-    /// state stays correct because a later read that finds nothing simply
-    /// clears it.)
-    fn read_now(&mut self) -> bool {
-        let mut tmp = [0u8; 4096];
-        match recv(self.stream.as_raw_fd(), &mut tmp, MsgFlags::MSG_DONTWAIT) {
-            Ok(n) if n > 0 => {
-                self.buf.extend_from_slice(&tmp[..n]);
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// Read whatever is available into `buf`, waiting until `until`.
-    async fn fill(&mut self, until: tokio::time::Instant) -> io::Result<usize> {
-        switchyard_runtime::close::fill(&mut self.stream, &mut self.buf, until).await
-    }
-
     /// Read and drop a request body (GET and HEAD bodies carry no meaning).
     async fn discard_body(&mut self, head: &RequestHead) -> Result<(), End> {
-        if head.expect_continue {
-            self.out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
-            self.flush().await?;
-        }
-        let until = tokio::time::Instant::now() + self.ctx.header_timeout;
-        match head.framing {
-            BodyFraming::None => Ok(()),
-            BodyFraming::Length(mut left) => loop {
-                let take = (self.buf.len() as u64).min(left) as usize;
-                self.buf.advance(take);
-                left -= take as u64;
-                if left == 0 {
-                    return Ok(());
-                }
-                self.read_more(until).await?;
-            },
-            BodyFraming::Chunked => {
-                let mut dec = ChunkedDecoder::new();
-                loop {
-                    let used = dec.decode(&self.buf, |_| {}).map_err(|_| End::Error(400))?;
-                    self.buf.advance(used);
-                    if dec.body_len() > self.ctx.limits.max_body_bytes {
-                        return Err(End::Error(413));
-                    }
-                    if dec.is_done() {
-                        return Ok(());
-                    }
-                    self.read_more(until).await?;
-                }
-            }
-        }
-    }
-
-    async fn read_more(&mut self, until: tokio::time::Instant) -> Result<(), End> {
-        match self.fill(until).await {
-            Ok(0) => Err(End::Broken),
-            Ok(_) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+        let max = self.ctx.limits.max_body_bytes;
+        let timeout = self.ctx.header_timeout;
+        match reading::read_body(self, head, max, timeout, None).await {
+            Ok(()) => Ok(()),
+            Err(BodyError::Malformed(_)) => Err(End::Error(400)),
+            Err(BodyError::TooLarge) => Err(End::Error(413)),
+            Err(BodyError::TimedOut) => {
                 self.count_timeout();
                 Err(End::Error(408))
             }
-            Err(_) => Err(End::Broken),
+            Err(BodyError::Broken) => Err(End::Broken),
         }
     }
 
@@ -815,7 +809,7 @@ impl Conn<'_> {
                 .response_seconds
                 .observe(t.elapsed().as_secs_f64());
         }
-        if let Some(d) = self.dispatch.as_deref_mut() {
+        if let Some(d) = self.router.as_deref_mut() {
             d.flushed();
         }
         Ok(())
@@ -884,14 +878,14 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    fn ctx(root: &std::path::Path) -> Arc<crate::Ctx> {
-        let cfg = crate::NodeConfig {
+    fn ctx(root: &std::path::Path) -> Arc<super::Ctx> {
+        let cfg = crate::config::NodeConfig {
             root: root.into(),
             ..Default::default()
         };
-        Arc::new(crate::Ctx {
+        Arc::new(super::Ctx {
             limits: Default::default(),
-            store: Arc::new(crate::Store::new(&cfg).unwrap()),
+            store: Arc::new(crate::store::Store::new(&cfg).unwrap()),
             metrics: Default::default(),
             header_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(5),
@@ -952,13 +946,13 @@ mod tests {
                 .await
                 .unwrap();
             let dir = tempfile::tempdir().unwrap();
-            let cfg = crate::NodeConfig {
+            let cfg = crate::config::NodeConfig {
                 root: dir.path().into(),
                 ..Default::default()
             };
-            let ctx = Arc::new(crate::Ctx {
+            let ctx = Arc::new(super::Ctx {
                 limits: Default::default(),
-                store: Arc::new(crate::Store::new(&cfg).unwrap()),
+                store: Arc::new(crate::store::Store::new(&cfg).unwrap()),
                 metrics: Default::default(),
                 header_timeout: Duration::from_secs(1),
                 idle_timeout: Duration::from_secs(1),

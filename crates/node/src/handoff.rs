@@ -61,10 +61,9 @@ use switchyard_handoff::{repair, HandoffError};
 use switchyard_http::request::RequestHead;
 use switchyard_runtime::{Live, WeakLive};
 
-use crate::conn::{self, ConnStats, Outcome};
+use crate::conn::{self, ConnStats, Ctx, Outcome, Router, Step};
 use crate::metrics::{HandoffMetrics, NodeMetrics};
 use crate::report::Reporter;
-use crate::Ctx;
 
 /// How long a connection waits for the switch's `Routed` before serving the
 /// request itself.
@@ -641,14 +640,9 @@ impl Receiver {
         let mut dispatch = Dispatch::new(id, route, ctl.clone(), self.ctx.metrics.clone());
         let mut total = ConnStats::default();
         loop {
-            let out = conn::serve_dispatched(
-                &self.ctx,
-                stream,
-                self.stop.clone(),
-                preread,
-                &mut dispatch,
-            )
-            .await;
+            let out =
+                conn::serve_routed(&self.ctx, stream, self.stop.clone(), preread, &mut dispatch)
+                    .await;
             match out {
                 Outcome::Closed(stats) => {
                     total += stats;
@@ -821,18 +815,8 @@ fn truncate(mut s: String) -> String {
     s
 }
 
-/// What the HTTP loop does with a request of a handed-in connection.
-pub(crate) enum Step {
-    /// Serve it here; `dispatched` when the switch chose this (its response
-    /// is reported with `Served`).
-    Local { dispatched: bool },
-    /// Fetch it from the node whose HTTP listener is at this address.
-    Forward(SocketAddr),
-    /// Give the connection back to the switch, this request unread.
-    HandBack,
-}
-
-/// The per-connection link between the HTTP loop and the switch.
+/// The per-connection link between the HTTP loop and the switch: the
+/// connection's [`Router`].
 pub(crate) struct Dispatch {
     id: u64,
     route: bool,
@@ -860,32 +844,10 @@ impl Dispatch {
         }
     }
 
-    /// Whether the next request will be announced to the switch.
-    pub(crate) fn asks(&self) -> bool {
-        self.route && self.seq >= 1 && !self.skip_next
-    }
-
     /// After a failed hand-back: the pending request is served here.
     fn resume(&mut self) {
         self.skip_next = true;
         self.seq = self.seq.saturating_sub(1);
-    }
-
-    /// Decide how to serve the next request.
-    pub(crate) async fn route(&mut self, head: &RequestHead) -> Step {
-        self.seq += 1;
-        if self.seq == 1 && !self.skip_next {
-            return Step::Local { dispatched: true };
-        }
-        if std::mem::take(&mut self.skip_next) || !self.route {
-            return Step::Local { dispatched: false };
-        }
-        match self.ask(head).await {
-            Some(RouteAction::Serve) => Step::Local { dispatched: true },
-            Some(RouteAction::Forward(peer)) => Step::Forward(peer),
-            Some(RouteAction::HandBack) => Step::HandBack,
-            None => Step::Local { dispatched: false },
-        }
     }
 
     /// Send `Route` and wait for the answer; `None` when there is none.
@@ -928,14 +890,40 @@ impl Dispatch {
         }
         answer
     }
+}
 
-    /// A dispatched request's response is complete in the output.
-    pub(crate) fn answered(&mut self, status: u16, bytes: u64) {
+/// The switch routes the requests of a connection it handed in.
+impl Router for Dispatch {
+    /// Whether the next request will be announced to the switch.
+    fn asks(&self) -> bool {
+        self.route && self.seq >= 1 && !self.skip_next
+    }
+
+    /// The first request is the switch's; later ones are served here, or
+    /// announced with `Route` when the switch asked for that.
+    async fn route(&mut self, head: &RequestHead) -> Step {
+        self.seq += 1;
+        if self.seq == 1 && !self.skip_next {
+            return Step::Local { dispatched: true };
+        }
+        if std::mem::take(&mut self.skip_next) || !self.route {
+            return Step::Local { dispatched: false };
+        }
+        match self.ask(head).await {
+            Some(RouteAction::Serve) => Step::Local { dispatched: true },
+            Some(RouteAction::Forward(peer)) => Step::Forward(peer),
+            Some(RouteAction::HandBack) => Step::HandBack,
+            None => Step::Local { dispatched: false },
+        }
+    }
+
+    /// Remembers a dispatched response until it is written.
+    fn answered(&mut self, status: u16, bytes: u64) {
         self.served = Some((status, bytes));
     }
 
     /// Everything produced has been written: report a pending response.
-    pub(crate) fn flushed(&mut self) {
+    fn flushed(&mut self) {
         if let Some((status, bytes)) = self.served.take() {
             self.ctl.send(Message::Served {
                 id: self.id,

@@ -18,10 +18,27 @@
 //! node client connections it has accepted (one-way delivery, `handoff`):
 //! the node serves them with the same loop, answers the clients directly,
 //! and reports to the switch over the control connection.
+//!
+//! # Module order
+//!
+//! Dependencies among the modules go one way, from the bottom up:
+//!
+//! 1. `config`, `error`, `fs`, `disk`: configuration, errors, the document
+//!    root and the disk model;
+//! 2. [`store`] (cache and disk reads), then [`metrics`] and [`report`]
+//!    (counters and load reports over the store);
+//! 3. `forward`: fetching a response from another node;
+//! 4. `conn`: the connection loop, with what every connection shares and
+//!    the `Router` trait through which a handed-in connection is routed
+//!    request by request; it knows nothing of switches or handoffs;
+//! 5. `handoff`: the control connections, taking connections in, and the
+//!    router that asks the switch; it serves through `conn`;
+//! 6. the crate root: [`start`], the accept loops, [`RunningNode`].
 
 pub mod config;
 mod conn;
 pub mod disk;
+mod error;
 mod forward;
 pub mod fs;
 mod handoff;
@@ -30,7 +47,7 @@ pub mod report;
 pub mod store;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,49 +56,15 @@ use switchyard_admin::Admin;
 use switchyard_http::request::Limits;
 use switchyard_runtime::accept::{accept_loop, AcceptStats, Incoming, WhenFull};
 use switchyard_runtime::{listen::listen_reuseport, Live, Workers};
-use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
 pub use config::{DiskConfig, NodeConfig};
+use conn::Ctx;
+pub use error::NodeError;
 pub use metrics::NodeMetrics;
 pub use store::Store;
-
-/// Errors that stop a node from starting.
-#[derive(Debug, Error)]
-pub enum NodeError {
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
-    #[error("document root {path}: {source}")]
-    Root {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("cannot listen on unix socket {path}: {source}")]
-    BindUnix {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("invalid configuration: {0}")]
-    Config(String),
-    #[error(transparent)]
-    Admin(#[from] switchyard_admin::AdminError),
-}
-
-/// Shared by every connection of a node.
-#[derive(Debug)]
-pub(crate) struct Ctx {
-    pub(crate) limits: Limits,
-    pub(crate) store: Arc<Store>,
-    pub(crate) metrics: Arc<NodeMetrics>,
-    pub(crate) header_timeout: Duration,
-    pub(crate) idle_timeout: Duration,
-    pub(crate) send_timeout: Duration,
-}
 
 /// A node that is serving.
 pub struct RunningNode {
@@ -350,7 +333,8 @@ struct Worker {
 }
 
 impl Worker {
-    /// New clients wait in the kernel's accept queue while every slot is taken.
+    /// While every slot is taken, the client just accepted waits for one and
+    /// new clients wait in the kernel's accept queue.
     async fn accept_loop(&self, listener: &TcpListener, live: &Live) {
         use std::sync::atomic::Ordering::Relaxed;
         accept_loop(

@@ -34,8 +34,8 @@ use switchyard_http::path::CleanPath;
 
 use crate::config::NodeConfig;
 use crate::disk::DiskModel;
+use crate::error::NodeError;
 use crate::fs::{read_all, FileInfo, Lookup, Root};
-use crate::NodeError;
 
 /// Cached bodies up to this size are kept inline and copied into writes.
 pub const INLINE_MAX: u64 = 16 * 1024;

@@ -377,8 +377,9 @@ fn route_serve_forward_and_hand_back() {
 
 #[test]
 fn refused_at_the_cap_and_the_switch_still_serves_the_client() {
-    // One connection slot, held by the single worker's accept loop while it
-    // waits for a client: a handed-in connection finds none.
+    // One connection slot. An accept loop waiting for a client holds none, so
+    // a handed-in connection takes it; once a client holds it, a handed-in
+    // connection finds none.
     let (node, _dir) = node_with_handoff(
         |r| write(r, "a.txt", b"alpha"),
         |c| {
@@ -387,6 +388,20 @@ fn refused_at_the_cap_and_the_switch_still_serves_the_client() {
         },
     );
     let mut sw = Switch::connect(&node);
+    let (_, mut client) = sw.hand_in(
+        b"GET /a.txt HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+        false,
+    );
+    assert!(read_all(&mut client).ends_with(b"alpha"));
+    assert!(eventually(WAIT, || {
+        node.metric("switchyard_node_connections_active") == 0.0
+    }));
+
+    let mut holder = node.client();
+    holder.send(b"GET /a.txt HTTP/1.1\r\nHost: t\r\n");
+    assert!(eventually(WAIT, || {
+        node.metric("switchyard_node_connections_active") == 1.0
+    }));
     let (mut h, answer) = sw.create(&get("/a.txt"), false);
     let Message::Drop { id, reason, .. } = answer else {
         panic!("expected Drop, got {answer:?}");

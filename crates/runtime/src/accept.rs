@@ -1,11 +1,15 @@
 //! The accept loop of a worker thread, shared by the node and the switch.
 //!
 //! Open connections are bounded by connection slots (a semaphore of
-//! `max_connections` permits shared by every worker). When every slot is
-//! taken the loop either stops accepting, so that new clients wait in the
-//! kernel's accept queue ([`WhenFull::Wait`], the node), or goes on
-//! accepting and hands the connection over without a slot so that the
-//! caller can refuse it ([`WhenFull::Refuse`], the switch answers `503`).
+//! `max_connections` permits shared by every worker). A slot is taken once
+//! a connection is accepted, never held while the loop waits for one, so
+//! the free slots stay free for connections that arrive another way (a
+//! node's handed-in connections). When every slot is taken the loop either
+//! stops accepting, the connection it took waiting for a slot and new
+//! clients in the kernel's accept queue ([`WhenFull::Wait`], the node), or
+//! goes on accepting and hands the connection over without a slot so that
+//! the caller can refuse it ([`WhenFull::Refuse`], the switch answers
+//! `503`).
 //!
 //! When `accept(2)` fails for lack of resources (`EMFILE`, `ENFILE`,
 //! `ENOBUFS`, `ENOMEM`) the pending connection stays queued and the listener
@@ -32,8 +36,8 @@ pub const BACKOFF_MAX: Duration = Duration::from_millis(500);
 /// What the accept loop does when every connection slot is taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WhenFull {
-    /// Stop accepting until a slot frees up: new connections wait in the
-    /// kernel's accept queue.
+    /// Stop accepting until a slot frees up: the connection just accepted
+    /// waits for it, new connections wait in the kernel's accept queue.
     Wait,
     /// Accept anyway and hand the connection over as [`Incoming::Over`].
     Refuse,
@@ -75,13 +79,9 @@ pub async fn accept_loop<H>(
 {
     let mut backoff = Backoff::default();
     loop {
-        let slot = match when_full {
-            WhenFull::Wait => match slots.clone().acquire_owned().await {
-                Ok(p) => Some(p),
-                Err(_) => return,
-            },
-            WhenFull::Refuse => None,
-        };
+        // No slot is held while the loop waits for a connection: the free
+        // slots stay free for connections that arrive another way (a node's
+        // handed-in connections).
         let (stream, peer) = match listener.accept().await {
             Ok(s) => s,
             Err(e) => {
@@ -94,13 +94,16 @@ pub async fn accept_loop<H>(
             }
         };
         backoff.succeeded();
-        let slot = match slot {
-            Some(s) => Some(s),
-            None => match slots.clone().try_acquire_owned() {
-                Ok(s) => Some(s),
-                Err(tokio::sync::TryAcquireError::NoPermits) => None,
-                Err(tokio::sync::TryAcquireError::Closed) => return,
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(s) => Some(s),
+            Err(tokio::sync::TryAcquireError::NoPermits) => match when_full {
+                WhenFull::Wait => match slots.clone().acquire_owned().await {
+                    Ok(s) => Some(s),
+                    Err(_) => return,
+                },
+                WhenFull::Refuse => None,
             },
+            Err(tokio::sync::TryAcquireError::Closed) => return,
         };
         handle(match slot {
             Some(slot) => Incoming::Admitted { stream, peer, slot },

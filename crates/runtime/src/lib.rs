@@ -1,11 +1,13 @@
 //! Serving plumbing shared by the switchyard node and switch.
 //!
 //! Both servers run thread-per-core: [`workers`] starts one OS thread per
-//! `SO_REUSEPORT` listener ([`listen`]), each a single-threaded tokio runtime
+//! `SO_REUSEPORT` listener ([`mod@listen`]), each a single-threaded tokio runtime
 //! whose [`accept::accept_loop`] bounds open connections with slots and backs
 //! off when accepting fails for lack of resources. An idle keep-alive
-//! connection waits without buffers in [`idle::wait_for_bytes`]; a
-//! connection that ends after an error closes with [`close::linger`]. On
+//! connection waits without buffers in [`idle::wait_for_bytes`]; request
+//! heads and bodies are read by [`request::next_head`] and
+//! [`request::read_body`]; a connection that ends after an error closes with
+//! [`close::linger`]. On
 //! shutdown each worker drains: it waits, woken by the last connection that
 //! drops its [`workers::Live`] handle, until its connections are gone or the
 //! grace period is over.
@@ -13,13 +15,15 @@
 //! The node's load reports to the switch travel as [`report::Datagram`]s.
 //!
 //! This crate knows nothing of the node or the switch; it depends only on
-//! the policy crate for [`switchyard_policy::LoadReport`].
+//! the policy crate for [`switchyard_policy::LoadReport`] and on the http
+//! crate for parsing requests.
 
 pub mod accept;
 pub mod close;
 pub mod idle;
 pub mod listen;
 pub mod report;
+pub mod request;
 pub mod workers;
 
 pub use accept::{accept_loop, AcceptStats, Incoming, WhenFull};

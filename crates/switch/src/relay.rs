@@ -11,11 +11,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Buf, BytesMut};
-use switchyard_http::chunked::ChunkedDecoder;
-use switchyard_http::request::{self, BodyFraming, ParseOutcome, RequestHead, Version};
+use switchyard_http::request::{BodyFraming, RequestHead, Version};
 use switchyard_http::response::ResponseHead;
 use switchyard_policy::{ConnId, NodeId, Outcome, Reject, Request as PolicyRequest};
-use switchyard_runtime::idle::{wait_for_bytes, Wait};
+use switchyard_runtime::request::{self as reading, BodyError, ClientConn, ClientParts};
+use switchyard_runtime::request::{HeadEnd, HeadWait, CONTINUE};
 use switchyard_upstream::splice::write_all;
 use switchyard_upstream::{self as upstream, Deadline};
 use tokio::net::TcpStream;
@@ -169,67 +169,30 @@ impl Client {
         let limits = g.limits;
         let t = g.t;
         drop(g);
-        let mut deadline: Option<tokio::time::Instant> = None;
-        loop {
-            if !self.buf.is_empty() {
-                match request::parse(&self.buf, &limits) {
-                    Ok(ParseOutcome::Complete(h)) => return Ok(h),
-                    Ok(ParseOutcome::Partial) => {}
-                    Err(e) => {
-                        tracing::debug!(peer = %self.peer, error = %e, "bad request");
-                        self.shared.metrics.count_rejection(Rejection::BadRequest);
-                        return Err(End::Error(e.status()));
-                    }
-                }
+        let wait = HeadWait {
+            limits: &limits,
+            header: t.header,
+            idle: t.idle,
+            first,
+            read_early: false,
+        };
+        reading::next_head(self, wait).await.map_err(|e| match e {
+            HeadEnd::Bad(e) => {
+                tracing::debug!(peer = %self.peer, error = %e, "bad request");
+                self.shared.metrics.count_rejection(Rejection::BadRequest);
+                End::Error(e.status())
             }
-            if self.buf.is_empty() {
-                if self.stopping() {
-                    return Err(End::Quiet);
-                }
-                // Idle: release buffers, wait for the next request.
-                self.buf = BytesMut::new();
-                self.out = Vec::new();
-                self.fwd = Vec::new();
-                let wait = if first { t.header } else { t.idle };
-                let until = tokio::time::Instant::now() + wait;
-                match wait_for_bytes(&self.stream, &mut self.buf, until, &mut self.stop).await {
-                    Wait::Data => {}
-                    Wait::Closed | Wait::Shutdown => return Err(End::Quiet),
-                    Wait::TimedOut => {
-                        self.shared.metrics.timeouts.fetch_add(1, Relaxed);
-                        return Err(End::Quiet);
-                    }
-                    Wait::Failed => return Err(End::Broken),
-                }
-                continue;
+            HeadEnd::Closed => End::Quiet,
+            HeadEnd::IdleTimeout => {
+                self.shared.metrics.timeouts.fetch_add(1, Relaxed);
+                End::Quiet
             }
-            let until = *deadline.get_or_insert_with(|| tokio::time::Instant::now() + t.header);
-            match self.fill(until).await {
-                Ok(0) => {
-                    return Err(if self.buf.is_empty() {
-                        End::Quiet
-                    } else {
-                        End::Broken
-                    })
-                }
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::TimedOut => {
-                    self.shared.metrics.timeouts.fetch_add(1, Relaxed);
-                    return Err(if self.buf.is_empty() {
-                        End::Quiet
-                    } else {
-                        End::Error(408)
-                    });
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(_) => return Err(End::Broken),
+            HeadEnd::TimedOut => {
+                self.shared.metrics.timeouts.fetch_add(1, Relaxed);
+                End::Error(408)
             }
-        }
-    }
-
-    /// Read whatever is available into `buf`, waiting until `until`.
-    async fn fill(&mut self, until: tokio::time::Instant) -> io::Result<usize> {
-        switchyard_runtime::close::fill(&mut self.stream, &mut self.buf, until).await
+            HeadEnd::Broken => End::Broken,
+        })
     }
 
     /// Make `gen` the generation whose policy tracks this connection.
@@ -277,16 +240,6 @@ impl Client {
         if head_consumed {
             self.buf.advance(head.head_len);
         }
-        if has_body && head.expect_continue {
-            // The switch answers the expectation itself and forwards the body it then gets.
-            if write_all(&self.stream, b"HTTP/1.1 100 Continue\r\n\r\n", gen.t.send)
-                .await
-                .is_err()
-            {
-                return Some(End::Broken);
-            }
-        }
-
         // The body is read whole (it is at most `max_body_bytes`) before a node is chosen: a
         // malformed body never reaches a node, and the request can be sent again elsewhere.
         if has_body {
@@ -539,63 +492,32 @@ impl Client {
         Fail::Node { status, retry }
     }
 
-    /// Read the request body from the client and append it, as sent, to `fwd`.
+    /// Read the request body from the client and append it, as sent, to `fwd`. The switch
+    /// answers an expectation of `100-continue` itself and forwards the body it then gets.
     async fn read_body_into(
         &mut self,
         head: &RequestHead,
         gen: &Generation,
         fwd: &mut Vec<u8>,
     ) -> Result<(), End> {
-        let until = tokio::time::Instant::now() + gen.t.header;
-        match head.framing {
-            BodyFraming::None => Ok(()),
-            BodyFraming::Length(n) => {
-                fwd.reserve(n as usize);
-                let mut left = n;
-                loop {
-                    let take = (self.buf.len() as u64).min(left) as usize;
-                    fwd.extend_from_slice(&self.buf[..take]);
-                    self.buf.advance(take);
-                    left -= take as u64;
-                    if left == 0 {
-                        return Ok(());
-                    }
-                    self.read_body(until).await?;
-                }
+        let max = gen.limits.max_body_bytes;
+        let read = reading::read_body(self, head, max, gen.t.header, Some(fwd)).await;
+        read.map_err(|e| match e {
+            BodyError::Malformed(e) => {
+                tracing::debug!(peer = %self.peer, error = %e, "bad chunked body");
+                self.shared.metrics.count_rejection(Rejection::BadRequest);
+                End::Error(400)
             }
-            BodyFraming::Chunked => {
-                let mut dec = ChunkedDecoder::new();
-                loop {
-                    let used = dec.decode(&self.buf, |_| {}).map_err(|e| {
-                        tracing::debug!(peer = %self.peer, error = %e, "bad chunked body");
-                        self.shared.metrics.count_rejection(Rejection::BadRequest);
-                        End::Error(400)
-                    })?;
-                    if dec.body_len() > gen.limits.max_body_bytes {
-                        self.shared.metrics.count_rejection(Rejection::BadRequest);
-                        return Err(End::Error(413));
-                    }
-                    fwd.extend_from_slice(&self.buf[..used]);
-                    self.buf.advance(used);
-                    if dec.is_done() {
-                        return Ok(());
-                    }
-                    self.read_body(until).await?;
-                }
+            BodyError::TooLarge => {
+                self.shared.metrics.count_rejection(Rejection::BadRequest);
+                End::Error(413)
             }
-        }
-    }
-
-    async fn read_body(&mut self, until: tokio::time::Instant) -> Result<(), End> {
-        match self.fill(until).await {
-            Ok(0) => Err(End::Broken),
-            Ok(_) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+            BodyError::TimedOut => {
                 self.shared.metrics.timeouts.fetch_add(1, Relaxed);
-                Err(End::Error(408))
+                End::Error(408)
             }
-            Err(_) => Err(End::Broken),
-        }
+            BodyError::Broken => End::Broken,
+        })
     }
 
     /// Relay the node's response whose head `r` was read; a node connection whose response
@@ -733,6 +655,31 @@ impl Client {
     /// Close the sending side, then read and drop what the client still sends for a moment.
     async fn linger(&mut self) {
         switchyard_runtime::close::linger(&mut self.stream).await;
+    }
+}
+
+/// Requests are read with the runtime's helpers.
+impl ClientConn for Client {
+    fn parts(&mut self) -> ClientParts<'_> {
+        ClientParts {
+            stream: &mut self.stream,
+            buf: &mut self.buf,
+            shutdown: &mut self.stop,
+        }
+    }
+
+    fn idle(&mut self) {
+        self.out = Vec::new();
+        self.fwd = Vec::new();
+    }
+
+    /// Written at once, with the send timeout of the generation serving the request.
+    async fn send_continue(&mut self) -> io::Result<()> {
+        let send = match &self.gen {
+            Some(g) => g.t.send,
+            None => self.shared.current().t.send,
+        };
+        write_all(&self.stream, CONTINUE, send).await
     }
 }
 

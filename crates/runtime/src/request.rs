@@ -1,0 +1,269 @@
+//! Reading requests from a client connection: waiting for the next request
+//! head, with the header and idle timeouts and shutdown, and reading a
+//! request body (`Content-Length` or the strict chunked decoder, after a
+//! `100 Continue` when the client expects one).
+//!
+//! Shared by the node's and the switch's connection loops. A loop lends its
+//! socket and buffer through [`ClientConn`]; what an ending means (the
+//! status sent, the counters, the log) stays the loop's own decision.
+
+use std::future::Future;
+use std::io::{self, Read};
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use switchyard_http::chunked::{ChunkedDecoder, ChunkedError};
+use switchyard_http::request::{
+    self, BodyFraming, Limits, ParseOutcome, RequestError, RequestHead,
+};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::close::fill;
+use crate::idle::{wait_for_bytes, Wait};
+
+/// The interim response sent to a client that expects `100-continue`.
+pub const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
+/// What a connection lends to [`next_head`] and [`read_body`].
+pub struct ClientParts<'a> {
+    /// The client's socket.
+    pub stream: &'a mut TcpStream,
+    /// Bytes read from the client and not yet consumed; a complete head is
+    /// left at its start.
+    pub buf: &'a mut BytesMut,
+    /// Becomes `true` when the process shuts down.
+    pub shutdown: &'a mut watch::Receiver<bool>,
+}
+
+/// A client connection that requests are read from.
+pub trait ClientConn: Send {
+    /// The socket, the input buffer and the shutdown signal.
+    fn parts(&mut self) -> ClientParts<'_>;
+
+    /// Called before waiting for the client: write what is pending (a loop
+    /// that buffers pipelined responses sends them here). An error ends the
+    /// wait as [`HeadEnd::Broken`].
+    fn before_wait(&mut self) -> impl Future<Output = io::Result<()>> + Send {
+        async { Ok(()) }
+    }
+
+    /// The connection is idle: release output buffers. The input buffer is
+    /// released by [`next_head`] itself.
+    fn idle(&mut self) {}
+
+    /// Send [`CONTINUE`] to the client, after anything already produced.
+    fn send_continue(&mut self) -> impl Future<Output = io::Result<()>> + Send;
+}
+
+/// How [`next_head`] waits.
+#[derive(Clone, Copy, Debug)]
+pub struct HeadWait<'a> {
+    /// Limits of a request head.
+    pub limits: &'a Limits,
+    /// Time allowed for a head to arrive once it has begun, and for the
+    /// first request of a connection to begin.
+    pub header: Duration,
+    /// Time allowed between requests of a keep-alive connection.
+    pub idle: Duration,
+    /// The connection has answered no request yet.
+    pub first: bool,
+    /// On a new connection, try one read before waiting: a new client's
+    /// request usually arrives right behind the handshake, so it is read
+    /// at once rather than after a trip through the event loop.
+    pub read_early: bool,
+}
+
+/// Why no request head was read.
+#[derive(Debug)]
+pub enum HeadEnd {
+    /// The client closed between requests, or the process shuts down while
+    /// the connection is idle.
+    Closed,
+    /// No request began within the header (first request) or idle timeout.
+    IdleTimeout,
+    /// A request began but its head did not complete in time (a 408).
+    TimedOut,
+    /// The head is malformed or too large; its status says which.
+    Bad(RequestError),
+    /// The client closed in the middle of a head, or the socket failed.
+    Broken,
+}
+
+/// Why a request body could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    /// The chunked coding is malformed (a 400).
+    #[error("malformed chunked body: {0}")]
+    Malformed(ChunkedError),
+    /// The body is larger than allowed (a 413).
+    #[error("request body too large")]
+    TooLarge,
+    /// The body did not arrive in time (a 408).
+    #[error("request body timed out")]
+    TimedOut,
+    /// The client closed in the middle of the body, or the socket failed.
+    #[error("connection broke while reading a request body")]
+    Broken,
+}
+
+/// Parse the next request head, reading as needed. The head stays at the
+/// start of the buffer; the caller consumes `head_len` bytes when it
+/// answers.
+///
+/// An empty buffer is an idle connection: it is released (no buffers are
+/// held while waiting) and the wait ends on bytes, a close, shutdown or the
+/// header or idle timeout. Once a head has begun, it must complete within
+/// the header timeout.
+pub async fn next_head<C: ClientConn>(c: &mut C, w: HeadWait<'_>) -> Result<RequestHead, HeadEnd> {
+    let mut deadline: Option<Instant> = None;
+    let mut tried_early = false;
+    loop {
+        {
+            let p = c.parts();
+            if !p.buf.is_empty() {
+                match request::parse(p.buf, w.limits) {
+                    Ok(ParseOutcome::Complete(h)) => return Ok(h),
+                    Ok(ParseOutcome::Partial) => {}
+                    Err(e) => return Err(HeadEnd::Bad(e)),
+                }
+            }
+        }
+        // About to wait for the client: send what is pending first.
+        c.before_wait().await.map_err(|_| HeadEnd::Broken)?;
+        let p = c.parts();
+        if p.buf.is_empty() && w.first && w.read_early && !tried_early {
+            tried_early = true;
+            if read_now(p.stream, p.buf) {
+                continue;
+            }
+        }
+        if p.buf.is_empty() {
+            if *p.shutdown.borrow() {
+                return Err(HeadEnd::Closed);
+            }
+            c.idle();
+            let wait = if w.first { w.header } else { w.idle };
+            let until = Instant::now() + wait;
+            // Only the wait's own future is kept while idle.
+            let waited = {
+                let ClientParts {
+                    stream,
+                    buf,
+                    shutdown,
+                } = c.parts();
+                *buf = BytesMut::new();
+                wait_for_bytes(stream, buf, until, shutdown)
+            };
+            match waited.await {
+                Wait::Data => {}
+                Wait::Closed | Wait::Shutdown => return Err(HeadEnd::Closed),
+                Wait::TimedOut => return Err(HeadEnd::IdleTimeout),
+                Wait::Failed => return Err(HeadEnd::Broken),
+            }
+            continue;
+        }
+        let until = *deadline.get_or_insert_with(|| Instant::now() + w.header);
+        let filled = {
+            let ClientParts { stream, buf, .. } = p;
+            fill(stream, buf, until)
+        };
+        match filled.await {
+            Ok(0) => return Err(HeadEnd::Broken),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => return Err(HeadEnd::TimedOut),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => return Err(HeadEnd::Broken),
+        }
+    }
+}
+
+/// Read what the socket already holds, without waiting; true if any bytes
+/// arrived. (A plain read of the non-blocking socket: the runtime's
+/// readiness state stays correct, because a later read that finds nothing
+/// simply clears it.)
+fn read_now(stream: &TcpStream, buf: &mut BytesMut) -> bool {
+    let mut tmp = [0u8; 4096];
+    let sock = socket2::SockRef::from(stream);
+    match (&*sock).read(&mut tmp) {
+        Ok(n) if n > 0 => {
+            buf.extend_from_slice(&tmp[..n]);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Read the body of the request whose head (`head`, already consumed from
+/// the buffer) announced one, within `timeout`. A client that expects
+/// `100-continue` is sent [`CONTINUE`] first. The body's bytes as sent
+/// (chunked coding included) are appended to `keep`, or dropped without
+/// it. A chunked body may carry at most `max_body` bytes of data; a
+/// `Content-Length` is checked against the limits when the head is parsed.
+pub async fn read_body<C: ClientConn>(
+    c: &mut C,
+    head: &RequestHead,
+    max_body: u64,
+    timeout: Duration,
+    mut keep: Option<&mut Vec<u8>>,
+) -> Result<(), BodyError> {
+    if head.framing == BodyFraming::None {
+        return Ok(());
+    }
+    if head.expect_continue {
+        c.send_continue().await.map_err(|_| BodyError::Broken)?;
+    }
+    let until = Instant::now() + timeout;
+    match head.framing {
+        BodyFraming::None => Ok(()),
+        BodyFraming::Length(n) => {
+            if let Some(k) = keep.as_deref_mut() {
+                k.reserve(n as usize);
+            }
+            let mut left = n;
+            loop {
+                let p = c.parts();
+                let take = (p.buf.len() as u64).min(left) as usize;
+                if let Some(k) = keep.as_deref_mut() {
+                    k.extend_from_slice(&p.buf[..take]);
+                }
+                p.buf.advance(take);
+                left -= take as u64;
+                if left == 0 {
+                    return Ok(());
+                }
+                more(c, until).await?;
+            }
+        }
+        BodyFraming::Chunked => {
+            let mut dec = ChunkedDecoder::new();
+            loop {
+                let p = c.parts();
+                let used = dec.decode(p.buf, |_| {}).map_err(BodyError::Malformed)?;
+                if dec.body_len() > max_body {
+                    return Err(BodyError::TooLarge);
+                }
+                if let Some(k) = keep.as_deref_mut() {
+                    k.extend_from_slice(&p.buf[..used]);
+                }
+                p.buf.advance(used);
+                if dec.is_done() {
+                    return Ok(());
+                }
+                more(c, until).await?;
+            }
+        }
+    }
+}
+
+/// Read more of a body, waiting until `until`.
+async fn more<C: ClientConn>(c: &mut C, until: Instant) -> Result<(), BodyError> {
+    let p = c.parts();
+    match fill(p.stream, p.buf, until).await {
+        Ok(0) => Err(BodyError::Broken),
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::TimedOut => Err(BodyError::TimedOut),
+        Err(_) => Err(BodyError::Broken),
+    }
+}

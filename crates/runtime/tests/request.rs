@@ -1,0 +1,299 @@
+//! Reading request heads and bodies over real sockets, timeouts on tokio's
+//! paused clock.
+
+use std::io;
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use switchyard_http::request::{Limits, RequestHead};
+use switchyard_runtime::request::{
+    next_head, read_body, BodyError, ClientConn, ClientParts, HeadEnd, HeadWait, CONTINUE,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+const HEADER: Duration = Duration::from_secs(5);
+const IDLE: Duration = Duration::from_secs(30);
+
+/// The server's side of a connection, counting the loop's hooks.
+struct Server {
+    stream: TcpStream,
+    buf: BytesMut,
+    shutdown: watch::Receiver<bool>,
+    before_waits: usize,
+    idles: usize,
+}
+
+impl ClientConn for Server {
+    fn parts(&mut self) -> ClientParts<'_> {
+        ClientParts {
+            stream: &mut self.stream,
+            buf: &mut self.buf,
+            shutdown: &mut self.shutdown,
+        }
+    }
+
+    async fn before_wait(&mut self) -> io::Result<()> {
+        self.before_waits += 1;
+        Ok(())
+    }
+
+    fn idle(&mut self) {
+        self.idles += 1;
+    }
+
+    async fn send_continue(&mut self) -> io::Result<()> {
+        self.stream.write_all(CONTINUE).await
+    }
+}
+
+/// A connected pair: the client's socket, the server's side and its
+/// shutdown switch.
+async fn pair(preread: &[u8]) -> (TcpStream, Server, watch::Sender<bool>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let client = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+    let (stream, _) = l.accept().await.unwrap();
+    let (tx, shutdown) = watch::channel(false);
+    let server = Server {
+        stream,
+        buf: BytesMut::from(preread),
+        shutdown,
+        before_waits: 0,
+        idles: 0,
+    };
+    (client, server, tx)
+}
+
+/// `got` is `want`, give or take the timer's millisecond.
+fn assert_about(got: Duration, want: Duration) {
+    assert!(
+        got >= want && got <= want + Duration::from_millis(2),
+        "{got:?} is not {want:?}"
+    );
+}
+
+fn wait(limits: &Limits, first: bool) -> HeadWait<'_> {
+    HeadWait {
+        limits,
+        header: HEADER,
+        idle: IDLE,
+        first,
+        read_early: false,
+    }
+}
+
+async fn head(s: &mut Server, first: bool) -> Result<RequestHead, HeadEnd> {
+    let limits = Limits::default();
+    next_head(s, wait(&limits, first)).await
+}
+
+/// Pipelined heads are returned one by one, in order, each left at the
+/// start of the buffer; the connection waits (and is told it is idle) only
+/// once the buffer is empty.
+#[tokio::test]
+async fn pipelined_heads_come_in_order() {
+    let (mut client, mut s, _stop) = pair(b"").await;
+    client
+        .write_all(b"GET /a HTTP/1.1\r\nHost: h\r\n\r\nGET /b HTTP/1.1\r\nHost: h\r\n\r\n")
+        .await
+        .unwrap();
+    let mut targets = Vec::new();
+    while targets.len() < 2 {
+        let h = head(&mut s, targets.is_empty()).await.unwrap();
+        assert!(s.buf.starts_with(b"GET "));
+        s.buf.advance(h.head_len);
+        targets.push(h.target);
+    }
+    assert_eq!(targets, ["/a", "/b"]);
+    assert!(s.buf.is_empty());
+    drop(client);
+    assert!(matches!(head(&mut s, false).await, Err(HeadEnd::Closed)));
+    assert!(s.idles >= 1);
+    assert!(s.before_waits >= 1);
+}
+
+/// A malformed head ends with its status; nothing is waited for.
+#[tokio::test]
+async fn a_malformed_head_ends_with_its_status() {
+    let (_client, mut s, _stop) = pair(b"GET / HTTP/1.1\r\nHost x\r\n\r\n").await;
+    match head(&mut s, true).await {
+        Err(HeadEnd::Bad(e)) => assert_eq!(e.status(), 400),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(s.before_waits, 0);
+}
+
+/// No request within the first-request timeout: an idle timeout, not a 408.
+#[tokio::test(start_paused = true)]
+async fn no_request_is_an_idle_timeout() {
+    let (_client, mut s, _stop) = pair(b"").await;
+    let t = tokio::time::Instant::now();
+    assert!(matches!(
+        head(&mut s, true).await,
+        Err(HeadEnd::IdleTimeout)
+    ));
+    assert_about(t.elapsed(), HEADER);
+    // Between requests the idle timeout applies.
+    let t = tokio::time::Instant::now();
+    assert!(matches!(
+        head(&mut s, false).await,
+        Err(HeadEnd::IdleTimeout)
+    ));
+    assert_about(t.elapsed(), IDLE);
+}
+
+/// A head that has begun must complete within the header timeout: a 408.
+#[tokio::test(start_paused = true)]
+async fn a_slow_head_times_out() {
+    let (_client, mut s, _stop) = pair(b"GET / HTTP/1.1\r\nHo").await;
+    let t = tokio::time::Instant::now();
+    assert!(matches!(head(&mut s, false).await, Err(HeadEnd::TimedOut)));
+    assert_about(t.elapsed(), HEADER);
+}
+
+/// A client that closes in the middle of a head broke the connection.
+#[tokio::test]
+async fn a_close_inside_a_head_is_broken() {
+    let (client, mut s, _stop) = pair(b"GET / HTTP/1.1\r\nHo").await;
+    drop(client);
+    assert!(matches!(head(&mut s, false).await, Err(HeadEnd::Broken)));
+}
+
+/// An idle connection ends on shutdown, whether it is already waiting or
+/// the shutdown came first.
+#[tokio::test]
+async fn shutdown_ends_an_idle_wait() {
+    let (_client, mut s, stop) = pair(b"").await;
+    let (got, ()) = tokio::join!(head(&mut s, false), async {
+        tokio::task::yield_now().await;
+        stop.send(true).unwrap();
+    });
+    assert!(matches!(got, Err(HeadEnd::Closed)));
+    assert!(matches!(head(&mut s, false).await, Err(HeadEnd::Closed)));
+}
+
+/// The early read takes a request that is already in the socket: the new
+/// connection is never treated as idle. Without it, the connection goes
+/// through the idle wait.
+#[tokio::test]
+async fn the_early_read_takes_what_is_there() {
+    for read_early in [true, false] {
+        let (mut client, mut s, _stop) = pair(b"").await;
+        client
+            .write_all(b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n")
+            .await
+            .unwrap();
+        s.stream.readable().await.unwrap();
+        let limits = Limits::default();
+        let w = HeadWait {
+            read_early,
+            ..wait(&limits, true)
+        };
+        let h = next_head(&mut s, w).await.unwrap();
+        assert_eq!(h.target, "/x");
+        assert_eq!(s.idles, usize::from(!read_early));
+    }
+}
+
+async fn body(s: &mut Server, max: u64, keep: bool) -> (Result<(), BodyError>, Vec<u8>) {
+    let h = head(s, true).await.unwrap();
+    s.buf.advance(h.head_len);
+    let mut kept = Vec::new();
+    let r = read_body(s, &h, max, HEADER, keep.then_some(&mut kept)).await;
+    (r, kept)
+}
+
+/// A chunked body is kept as sent, coding included, whatever the split of
+/// its bytes; what follows it stays in the buffer.
+#[tokio::test]
+async fn a_chunked_body_is_kept_as_sent() {
+    let (mut client, mut s, _stop) = pair(&with(b"5\r\nhel")).await;
+    let writer = tokio::spawn(async move {
+        client.write_all(b"lo\r\n0\r\n\r\nGET /next").await.unwrap();
+        client
+    });
+    let (r, kept) = body(&mut s, 1024, true).await;
+    r.unwrap();
+    assert_eq!(kept, b"5\r\nhello\r\n0\r\n\r\n");
+    let _client = writer.await.unwrap();
+    // The rest may still be on its way; what has arrived is the next request.
+    assert!(b"GET /next".starts_with(&s.buf));
+}
+
+/// A body by `Content-Length` is read to its end and can be dropped.
+#[tokio::test]
+async fn a_length_body_is_read_whole() {
+    let pre = b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 10\r\n\r\n0123";
+    for keep in [false, true] {
+        let (mut client, mut s, _stop) = pair(pre).await;
+        client.write_all(b"456789").await.unwrap();
+        let (r, kept) = body(&mut s, 1024, keep).await;
+        r.unwrap();
+        let want: &[u8] = if keep { b"0123456789" } else { b"" };
+        assert_eq!(kept, want);
+        assert!(s.buf.is_empty());
+    }
+}
+
+const CHUNKED: &[u8] = b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n";
+
+fn with(rest: &[u8]) -> Vec<u8> {
+    [CHUNKED, rest].concat()
+}
+
+/// Chunked data beyond the limit, a malformed chunk and a close each end
+/// the body with their own error.
+#[tokio::test]
+async fn bad_bodies_end_with_their_error() {
+    let (_c, mut s, _stop) = pair(&with(b"10\r\n0123456789abcdef\r\n0\r\n\r\n")).await;
+    assert!(matches!(
+        body(&mut s, 8, false).await.0,
+        Err(BodyError::TooLarge)
+    ));
+
+    let (_c, mut s, _stop) = pair(&with(b"zz\r\n")).await;
+    assert!(matches!(
+        body(&mut s, 8, false).await.0,
+        Err(BodyError::Malformed(_))
+    ));
+
+    let (c, mut s, _stop) = pair(&with(b"5\r\nhe")).await;
+    drop(c);
+    assert!(matches!(
+        body(&mut s, 8, false).await.0,
+        Err(BodyError::Broken)
+    ));
+}
+
+/// A body that stalls times out after the header timeout.
+#[tokio::test(start_paused = true)]
+async fn a_stalled_body_times_out() {
+    let (_c, mut s, _stop) = pair(&with(b"5\r\nhe")).await;
+    let t = tokio::time::Instant::now();
+    assert!(matches!(
+        body(&mut s, 8, false).await.0,
+        Err(BodyError::TimedOut)
+    ));
+    assert_about(t.elapsed(), HEADER);
+}
+
+/// A client that expects `100-continue` is told to go on before the body
+/// is waited for, and only then sends it.
+#[tokio::test]
+async fn continue_comes_before_the_body() {
+    let (mut client, mut s, _stop) =
+        pair(b"PUT / HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
+            .await;
+    let c = tokio::spawn(async move {
+        let mut got = vec![0u8; CONTINUE.len()];
+        client.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, CONTINUE);
+        client.write_all(b"data").await.unwrap();
+        client
+    });
+    let (r, kept) = body(&mut s, 1024, true).await;
+    r.unwrap();
+    assert_eq!(kept, b"data");
+    c.await.unwrap();
+}
