@@ -6,7 +6,9 @@
 //! (`shared/notes/tcp-handoff.md`):
 //!
 //! * dump: the steering entry for the 4-tuple is installed by the caller
-//!   *before* [`dump`]; then `TCP_REPAIR = 1`, `TCP_INFO`, `SIOCINQ`,
+//!   *before* [`dump`]; then a socket filter that drops every arriving
+//!   segment (a socket in repair mode would still acknowledge data the dump
+//!   no longer sees), `TCP_REPAIR = 1`, `TCP_INFO`, `SIOCINQ`,
 //!   `SIOCOUTQ`, `SIOCOUTQNSD`, `TCP_MAXSEG` (the peer's MSS in repair mode),
 //!   `TCP_TIMESTAMP`, `TCP_REPAIR_WINDOW`, then per queue (send, then receive)
 //!   `TCP_REPAIR_QUEUE`, `TCP_QUEUE_SEQ` and the bytes with `MSG_PEEK` (the
@@ -340,12 +342,18 @@ fn peek_queue(
 ///
 /// The caller must already have installed the steering entry that sends the
 /// client's packets to the taker, so that nothing reaches this socket while
-/// it is being dumped. On success the socket is left in repair mode: drop it
+/// it is being dumped; and whatever still arrives from the start of the dump
+/// on is dropped unacknowledged (see [`deafen`]), for the peer to retransmit
+/// to the taker. On success the socket is left deaf and in repair mode: drop it
 /// (closing it sends nothing) once the taker has accepted, or call
 /// [`leave_repair`] to serve it here after all. On error repair mode is left
 /// again (best effort) and the socket is usable as before.
 pub fn dump(fd: BorrowedFd<'_>) -> Result<RepairState> {
-    set_repair(fd, true)?;
+    deafen(fd)?;
+    if let Err(e) = set_repair(fd, true) {
+        let _ = undeafen(fd);
+        return Err(e);
+    }
     let r = dump_in_repair(fd.as_raw_fd());
     if r.is_err() {
         let _ = leave_repair(fd);
@@ -354,10 +362,64 @@ pub fn dump(fd: BorrowedFd<'_>) -> Result<RepairState> {
 }
 
 /// Leaves repair mode after a [`dump`] whose connection stays here after
-/// all (the taker refused): the socket works as before.
+/// all (the taker refused): the socket hears its peer again and works as
+/// before (segments dropped meanwhile are retransmitted by the peer).
 pub fn leave_repair(fd: BorrowedFd<'_>) -> Result<()> {
     let _ = set_int(fd.as_raw_fd(), libc::IPPROTO_TCP, TCP_REPAIR_QUEUE, 0);
-    set_repair(fd, false)
+    set_repair(fd, false)?;
+    undeafen(fd)
+}
+
+/// Makes the socket drop every segment that arrives from now on, before TCP
+/// sees it (a classic BPF socket filter that accepts nothing: the kernel runs
+/// it in `tcp_v4_rcv`/`tcp_v6_rcv` ahead of ACK and data processing).
+///
+/// A socket in repair mode still takes in what arrives: it queues the data
+/// and *acknowledges* it, although the dump has already been read and the
+/// socket is about to be closed. The client then counts those bytes as
+/// delivered and never sends them again, and the taker never gets them (a
+/// request lost: the connection stalls). Deaf, the socket leaves such
+/// segments unacknowledged and the peer retransmits them to the taker. The
+/// switch's steering entry keeps packets from its socket during its dump,
+/// but a node handing a connection back dumps while the flow still points at
+/// it, and segments already past the switch's hook can land on either.
+fn deafen(fd: BorrowedFd<'_>) -> Result<()> {
+    // One instruction: BPF_RET | BPF_K with k = 0, "keep 0 bytes": drop.
+    let mut drop_all = [libc::sock_filter {
+        code: (libc::BPF_RET | libc::BPF_K) as u16,
+        jt: 0,
+        jf: 0,
+        k: 0,
+    }];
+    let prog = libc::sock_fprog {
+        len: drop_all.len() as u16,
+        filter: drop_all.as_mut_ptr(),
+    };
+    step(
+        "setsockopt(SO_ATTACH_FILTER)",
+        setsockopt_raw(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            &prog,
+        ),
+    )
+}
+
+/// Removes the filter of [`deafen`].
+fn undeafen(fd: BorrowedFd<'_>) -> Result<()> {
+    let none: libc::c_int = 0;
+    match setsockopt_raw(
+        fd.as_raw_fd(),
+        libc::SOL_SOCKET,
+        libc::SO_DETACH_FILTER,
+        &none,
+    ) {
+        Err(e) if e.raw_os_error() != Some(libc::ENOENT) => {
+            Err(HandoffError::io("setsockopt(SO_DETACH_FILTER)", e))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn dump_in_repair(fd: RawFd) -> Result<RepairState> {

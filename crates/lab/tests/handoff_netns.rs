@@ -18,6 +18,7 @@ fn main() {
     common::root::main(common::root::tests![
         curl_keepalive_and_pipelined_through_a_handoff,
         five_megabytes_and_multiple_handoff_on_one_connection,
+        bytes_arriving_after_a_dump_reach_the_taker,
         refused_handoff_falls_back_to_the_switch,
         client_reusing_a_source_port_ebpf,
         client_reusing_a_source_port_nftables,
@@ -85,9 +86,27 @@ fn five_megabytes_and_multiple_handoff_on_one_connection() {
         // node A serves /move1 and hands the connection back; the switch
         // hands it on to node B, which serves the 5 MB body and /move2, and
         // gives it back again: A → B → A on one keep-alive connection.
-        get_many(vip, &["/move1", "/big", "/move2", "/n/after"], false)
-    })
-    .expect("requests across multiple handoffs");
+        get_many_logged(vip, &["/move1", "/big", "/move2", "/n/after"])
+    });
+    if let Err(e) = &r {
+        eprintln!("FAILED: {e:?}");
+        for h in &c.lab.topo.hosts {
+            for cmd in [
+                &["ss", "-tanie"][..],
+                &["nft", "list", "ruleset"][..],
+                &["nstat", "-az", "Tcp*"][..],
+            ] {
+                let out = std::process::Command::new("ip")
+                    .args(["netns", "exec", &h.netns])
+                    .args(cmd)
+                    .output()
+                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .unwrap_or_default();
+                eprintln!("---- {} {cmd:?}\n{out}", h.name);
+            }
+        }
+    }
+    let r = r.expect("requests across multiple handoffs");
     let by: Vec<String> = r
         .iter()
         .map(|x| x.header("X-Served-By").unwrap_or("").to_string())
@@ -110,6 +129,99 @@ fn five_megabytes_and_multiple_handoff_on_one_connection() {
     .expect("pipelined across a move");
     assert!(r[1].text().starts_with("resp 1 from node"));
     assert!(r[2].text().starts_with("resp 2 from node"));
+}
+
+fn get_many_logged(addr: SocketAddr, paths: &[&str]) -> std::io::Result<Vec<common::Response>> {
+    let mut s = connect(addr)?;
+    common::cluster::dbg_log(format!("client: connected from {:?}", s.local_addr()));
+    let mut buf = Vec::new();
+    let mut out = Vec::new();
+    for p in paths {
+        common::cluster::dbg_log(format!("client: send {p}"));
+        s.write_all(format!("GET {p} HTTP/1.1\r\nHost: lab\r\n\r\n").as_bytes())?;
+        match read_response(&mut s, &mut buf) {
+            Ok(r) => {
+                common::cluster::dbg_log(format!("client: got {p} ({} bytes)", r.body.len()));
+                out.push(r)
+            }
+            Err(e) => {
+                common::cluster::dbg_log(format!(
+                    "client: {p} failed: {e:?}; buffered {}",
+                    buf.len()
+                ));
+                let o = std::process::Command::new("ss")
+                    .args(["-tanie"])
+                    .output()
+                    .unwrap();
+                eprintln!("client ss:\n{}", String::from_utf8_lossy(&o.stdout));
+                return Err(e);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A node hands a connection back while the client's next request is on its
+/// way: the flow still points at the node, so the request can land on the
+/// dumped socket between the dump and its close. It must not be swallowed
+/// there (acknowledged, then closed away): the client retransmits it and the
+/// restored socket reads it.
+fn bytes_arriving_after_a_dump_reach_the_taker() {
+    let _w = watchdog("bytes_arriving_after_a_dump", Duration::from_secs(60));
+    let lab = common::LabGuard::new(1, 1, None);
+    let got = in_ns(lab.ns("client0"), || -> std::io::Result<Vec<u8>> {
+        use std::io::Read;
+        use std::os::fd::AsRawFd;
+        use std::os::fd::{AsFd, OwnedFd};
+        use switchyard_handoff::repair;
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        // An Ethernet-sized MSS (loopback's is above what TCP_MAXSEG takes).
+        let c = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+        let mss: libc::c_int = 1460;
+        // SAFETY: a valid int option on a live socket.
+        let r = unsafe {
+            libc::setsockopt(
+                c.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_MAXSEG,
+                &mss as *const _ as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(r, 0, "TCP_MAXSEG: {}", std::io::Error::last_os_error());
+        c.connect(&l.local_addr()?.into())?;
+        let mut client: TcpStream = c.into();
+        client.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let (mut served, peer) = l.accept()?;
+        let local = served.local_addr()?;
+        served.write_all(b"response")?;
+        let mut b = [0u8; 8];
+        client.read_exact(&mut b)?;
+        assert!(repair::wait_acked(served.as_fd(), Duration::from_secs(5))?);
+        let fd: OwnedFd = served.into();
+        let state = repair::dump(fd.as_fd()).expect("dump");
+        // The next request arrives after the dump, before the close (on
+        // loopback it is delivered within this write).
+        client.write_all(b"GET /next HTTP/1.1\r\n\r\n")?;
+        drop(fd); // repair mode: nothing sent
+        let restored = repair::restore(&state, local, peer).expect("restore");
+        let mut taker = TcpStream::from(restored);
+        taker.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut req = vec![0u8; 22];
+        let r = taker.read_exact(&mut req);
+        if r.is_err() {
+            let o = std::process::Command::new("ss").args(["-tanie"]).output()?;
+            eprintln!("ss:\n{}", String::from_utf8_lossy(&o.stdout));
+            let o = std::process::Command::new("nstat")
+                .args(["-az", "Tcp*"])
+                .output()?;
+            eprintln!("nstat:\n{}", String::from_utf8_lossy(&o.stdout));
+        }
+        r?;
+        Ok(req)
+    })
+    .expect("the request reaches the restored socket");
+    assert_eq!(got, b"GET /next HTTP/1.1\r\n\r\n");
 }
 
 fn refused_handoff_falls_back_to_the_switch() {

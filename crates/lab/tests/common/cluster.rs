@@ -496,14 +496,25 @@ async fn node_main(
                                 bytes,
                             } => {
                                 // Hand back once everything sent is acknowledged.
-                                let fd = tokio::task::spawn_blocking(move || {
-                                    let _ = repair::wait_acked(fd.as_fd(), Duration::from_secs(5));
-                                    fd
+                                let (fd, acked) = tokio::task::spawn_blocking(move || {
+                                    let a = repair::wait_acked(fd.as_fd(), Duration::from_secs(5));
+                                    (fd, a)
                                 })
                                 .await
                                 .unwrap();
                                 match repair::dump(fd.as_fd()) {
                                     Ok(state) => {
+                                        dbg_log(format!(
+                                            "{name}: hand-back {id} acked {acked:?} state {:?}",
+                                            (
+                                                state.snd_seq,
+                                                state.rcv_seq,
+                                                state.window,
+                                                state.recv_queue.len(),
+                                                state.send_queue.len(),
+                                                rest.len()
+                                            )
+                                        ));
                                         drop(fd); // repair mode: nothing is sent
                                         let _ = tx.send(Message::HandBack {
                                             id,
@@ -705,6 +716,9 @@ async fn control_reader(
                 let Some(n) = next else { continue };
                 // Repoint the 4-tuple in one step, then hand it on.
                 sw.steering.insert(&c.flow, &sw.target(n)).expect("repoint");
+                dbg_log(format!(
+                    "switch: hand-back {id} from node {i} repointed to node {n}"
+                ));
                 c.node = n;
                 let _ = sw.writers[n].send(Message::Create {
                     id,
