@@ -36,7 +36,7 @@ done
 if [ -z "${SWITCHYARD_BIN:-}" ]; then
     (cd "$top" && cargo build --release --locked -q -p switchyard)
 fi
-bin="${SWITCHYARD_BIN:-$top/target/release/switchyard}"
+bin="${SWITCHYARD_BIN:-${CARGO_TARGET_DIR:-$top/target}/release/switchyard}"
 
 work=$(mktemp -d /tmp/sy-bench-XXXXXX)
 pids=()
