@@ -54,7 +54,7 @@ use std::time::Duration;
 use prometheus_client::registry::Registry;
 use switchyard_admin::Admin;
 use switchyard_http::request::Limits;
-use switchyard_runtime::accept::{accept_loop, AcceptStats, Incoming, WhenFull};
+use switchyard_runtime::accept::{accept_loop, Incoming, WhenFull};
 use switchyard_runtime::{listen::listen_reuseport, Live, Workers};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
@@ -202,7 +202,6 @@ pub async fn start(cfg: NodeConfig) -> Result<RunningNode, NodeError> {
         slots: slots.clone(),
         stop: stop_rx.clone(),
         reporter: reporter.clone(),
-        accepts: AcceptStats::default(),
     });
     let registry = handoff::WorkerRegistry::default();
     let reg = registry.clone();
@@ -329,7 +328,6 @@ struct Worker {
     slots: Arc<Semaphore>,
     stop: watch::Receiver<bool>,
     reporter: Option<Arc<report::Reporter>>,
-    accepts: AcceptStats,
 }
 
 impl Worker {
@@ -341,7 +339,7 @@ impl Worker {
             listener,
             &self.slots,
             WhenFull::Wait,
-            &self.accepts,
+            &self.ctx.metrics.accepts,
             |incoming| {
                 let Incoming::Admitted {
                     stream,

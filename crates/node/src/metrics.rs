@@ -24,6 +24,8 @@ pub struct NodeMetrics {
     pub sendfile_bytes: AtomicU64,
     pub connections_total: AtomicU64,
     pub connections_active: AtomicU64,
+    /// Failed accepts and the pauses taken for lack of descriptors or memory.
+    pub accepts: switchyard_runtime::accept::AcceptStats,
     pub timeouts: AtomicU64,
     /// Time from a complete request head to its response handed to the kernel.
     pub response_seconds: Histogram,
@@ -101,6 +103,7 @@ impl Default for NodeMetrics {
             sendfile_bytes: AtomicU64::new(0),
             connections_total: AtomicU64::new(0),
             connections_active: AtomicU64::new(0),
+            accepts: Default::default(),
             timeouts: AtomicU64::new(0),
             // 10 µs … ~5 s
             response_seconds: Histogram::new(exponential_buckets(0.000_01, 2.5, 15)),
@@ -170,6 +173,18 @@ impl Collector for NodeCollector {
             "switchyard_node_connections",
             "Client connections accepted",
             m.connections_total.load(Relaxed),
+        )?;
+        counter(
+            &mut enc,
+            "switchyard_node_accept_failures",
+            "Accepts that failed",
+            m.accepts.failures.load(Relaxed),
+        )?;
+        counter(
+            &mut enc,
+            "switchyard_node_accept_backoffs",
+            "Pauses of an accept loop out of descriptors or memory",
+            m.accepts.backoffs.load(Relaxed),
         )?;
         gauge(
             &mut enc,

@@ -195,6 +195,9 @@ fn metrics_count_requests_by_status_and_bytes() {
     assert!(n.metric("switchyard_node_bytes_out_total") > 15.0);
     assert_eq!(n.metric("switchyard_node_connections_active"), 1.0);
     assert_eq!(n.metric("switchyard_node_connections_total"), 1.0);
+    // Accept failures are exported (none here: descriptors were never short).
+    assert_eq!(n.metric("switchyard_node_accept_failures_total"), 0.0);
+    assert_eq!(n.metric("switchyard_node_accept_backoffs_total"), 0.0);
     let mut h = Client::connect(n.admin());
     assert_eq!(h.get("/healthz").status, 200);
 }

@@ -31,6 +31,14 @@ fn every_request_on_one_keep_alive_connection_is_routed() {
     }
     // Same connection throughout, and the nodes were reached over pooled connections.
     assert_eq!(sw.metric("switchyard_switch_connections_total"), 1.0);
+    let text = sw.metrics();
+    for m in ["accept_failures", "accept_backoffs"] {
+        assert!(
+            text.lines()
+                .any(|l| l == format!("switchyard_switch_{m}_total 0")),
+            "{m} not exported:\n{text}"
+        );
+    }
     let connects: f64 = addrs
         .iter()
         .map(|a| {
