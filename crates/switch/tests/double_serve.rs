@@ -43,16 +43,7 @@ enum Seen {
 /// A control listener at `path` that answers `Hello`, takes one `Create` with its descriptor,
 /// waits for the switch's `Cancel` of it and answers as `late` says.
 fn scripted_taker(path: PathBuf, late: Late) -> (tokio::runtime::Runtime, mpsc::Receiver<Seen>) {
-    // A runtime of its own that runs by itself while the test thread blocks.
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listener = {
-        let _g = rt.enter();
-        tokio::net::UnixListener::bind(&path).unwrap()
-    };
+    let (rt, listener) = common::control_listener(&path);
     let (seen, events) = mpsc::channel();
     rt.spawn(async move {
         let (s, _) = listener.accept().await.unwrap();
@@ -67,38 +58,22 @@ fn scripted_taker(path: PathBuf, late: Late) -> (tokio::runtime::Runtime, mpsc::
             .await
             .unwrap();
         seen.send(Seen::Hello).unwrap();
-        let (id, fd) = loop {
-            match reader.recv().await.unwrap().unwrap() {
-                (
-                    Message::Create {
-                        id,
-                        transfer: Transfer::Fd,
-                        ..
-                    },
-                    Some(fd),
-                ) => break (id, fd),
-                (Message::Ping { nonce }, _) => {
-                    writer
-                        .send_batch(&send(Message::Pong { nonce }))
-                        .await
-                        .unwrap();
-                }
-                (other, _) => panic!("unexpected {other:?}"),
-            }
+        let (id, fd) = match next_frame(&mut reader, &mut writer).await {
+            (
+                Message::Create {
+                    id,
+                    transfer: Transfer::Fd,
+                    ..
+                },
+                Some(fd),
+            ) => (id, fd),
+            (other, _) => panic!("unexpected {other:?}"),
         };
         seen.send(Seen::Create(id)).unwrap();
         // No answer until the switch gives up waiting and says so.
-        loop {
-            match reader.recv().await.unwrap().unwrap() {
-                (Message::Cancel { id: c }, None) if c == id => break,
-                (Message::Ping { nonce }, _) => {
-                    writer
-                        .send_batch(&send(Message::Pong { nonce }))
-                        .await
-                        .unwrap();
-                }
-                (other, _) => panic!("unexpected {other:?}"),
-            }
+        match next_frame(&mut reader, &mut writer).await {
+            (Message::Cancel { id: c }, None) if c == id => {}
+            (other, _) => panic!("unexpected {other:?}"),
         }
         seen.send(Seen::Cancel(id)).unwrap();
         match late {
@@ -128,6 +103,22 @@ fn scripted_taker(path: PathBuf, late: Late) -> (tokio::runtime::Runtime, mpsc::
         while let Ok(Some(_)) = reader.recv().await {}
     });
     (rt, events)
+}
+
+/// The next frame from the switch other than a `Ping` (each answered with its `Pong`).
+async fn next_frame(
+    reader: &mut fdpass::ControlReader,
+    writer: &mut fdpass::ControlWriter,
+) -> (Message, Option<std::os::fd::OwnedFd>) {
+    loop {
+        match reader.recv().await.unwrap().unwrap() {
+            (Message::Ping { nonce }, _) => writer
+                .send_batch(&[Outgoing::plain(Message::Pong { nonce })])
+                .await
+                .unwrap(),
+            frame => return frame,
+        };
+    }
 }
 
 /// A switch whose one node has the scripted taker as its control listener and a real HTTP

@@ -171,15 +171,7 @@ struct FakeControl {
 
 impl FakeControl {
     fn start(path: PathBuf, answer: bool) -> FakeControl {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let listener = {
-            let _g = rt.enter();
-            tokio::net::UnixListener::bind(&path).unwrap()
-        };
+        let (rt, listener) = common::control_listener(&path);
         rt.spawn(async move {
             loop {
                 let Ok((s, _)) = listener.accept().await else {

@@ -234,3 +234,18 @@ pub fn fake_node(
     });
     (addr, count)
 }
+
+/// A Unix control listener bound at `path` on a one-thread runtime of its own, which runs by
+/// itself while the test thread blocks (a scripted node's end of the handoff control protocol).
+pub fn control_listener(path: &Path) -> (tokio::runtime::Runtime, tokio::net::UnixListener) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = {
+        let _g = rt.enter();
+        tokio::net::UnixListener::bind(path).unwrap()
+    };
+    (rt, listener)
+}
