@@ -21,6 +21,11 @@
 //!   with time passed in (no I/O, no clock), and [`mover::drive`], the thin
 //!   driver on tokio's clock. The mover's docs give the argument why a
 //!   connection is never served by two processes.
+//! * [`link`]: one control connection seen from the side that moves
+//!   connections over it (frames written by the connection's own task, a
+//!   flusher for the backlog, the offers waiting for their answers) and
+//!   [`link::offer`], which sends one `Create` and runs its mover. The switch
+//!   and the nodes in cooperative mode use the same link.
 //! * [`fdpass`]: same host. The switch passes the accepted socket itself to
 //!   the node process (`SCM_RIGHTS`) with the bytes it already read. No
 //!   privileges needed.
@@ -54,6 +59,7 @@
 
 pub mod error;
 pub mod fdpass;
+pub mod link;
 pub mod metrics;
 pub mod mover;
 pub mod netns;

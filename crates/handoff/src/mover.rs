@@ -694,7 +694,7 @@ mod tests {
                         local: "10.0.0.2:80".parse().unwrap(),
                         transfer: crate::proto::Transfer::Fd,
                         preread: Vec::new(),
-                        route: false,
+                        route: crate::proto::Routing::Own,
                     }]),
                     to_mover: VecDeque::new(),
                     link_up: true,

@@ -125,6 +125,35 @@ impl DropReason {
     }
 }
 
+/// Who decides, after the first request of a `Create`, how the connection's
+/// further requests are served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u8)]
+pub enum Routing {
+    /// The taker serves the whole connection itself (single handoff).
+    #[default]
+    Own = 0,
+    /// The taker asks the sender (`Route`) before serving each further
+    /// request (multiple handoff, back-end forwarding).
+    Ask = 1,
+    /// A clone (cooperative mode, seed 000 §3.1): the taker serves exactly
+    /// the first request and, once its response is written (across hosts:
+    /// acknowledged), gives the connection back (`HandBack`) with whatever
+    /// the client sent meanwhile. A clone never moves the connection on.
+    Once = 2,
+}
+
+impl Routing {
+    fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            0 => Self::Own,
+            1 => Self::Ask,
+            2 => Self::Once,
+            _ => return None,
+        })
+    }
+}
+
 /// The switch's answer to a `Route` query.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RouteAction {
@@ -160,10 +189,8 @@ pub enum Message {
         transfer: Transfer,
         /// Request bytes the switch already read from the socket.
         preread: Vec<u8>,
-        /// Ask the switch (`Route`) before serving each further request on
-        /// this connection (multiple handoff, back-end forwarding). Without
-        /// it the node serves the whole connection itself (single handoff).
-        route: bool,
+        /// Who decides how the connection's further requests are served.
+        route: Routing,
     },
     /// Node → switch: the connection is restored and served.
     Accepted {
@@ -380,7 +407,7 @@ impl Message {
                 put_addr(o, local);
                 put_transfer(o, transfer)?;
                 put_bytes(o, preread, "preread", MAX_PREREAD)?;
-                o.push(u8::from(*route));
+                o.push(*route as u8);
             }
             Message::Accepted { id } | Message::Cancel { id } => put_u64(o, *id),
             Message::Drop { id, reason, detail } => {
@@ -475,7 +502,7 @@ impl Message {
                 local: r.addr()?,
                 transfer: r.transfer()?,
                 preread: r.bytes("preread", MAX_PREREAD)?,
-                route: r.flag("route")?,
+                route: Routing::from_u8(r.u8("route")?).ok_or(ProtoError::Invalid("route"))?,
             },
             op::ACCEPTED => Message::Accepted { id: r.u64("id")? },
             op::DROP => Message::Drop {
@@ -933,7 +960,7 @@ mod tests {
             local: "[fe80::1%2]:80".parse().unwrap(),
             transfer: Transfer::Repair(Box::new(sample_state())),
             preread: b"GET /".to_vec(),
-            route: true,
+            route: Routing::Ask,
         };
         let f = m.to_frame().unwrap();
         let (d, used) = Message::decode(&f).unwrap().unwrap();
@@ -942,6 +969,25 @@ mod tests {
         // every proper prefix is incomplete, never an error
         for n in 0..f.len() {
             assert_eq!(Message::decode(&f[..n]), Ok(None), "prefix {n}");
+        }
+    }
+
+    #[test]
+    fn create_carries_each_routing_and_refuses_others() {
+        for (routing, byte) in [(Routing::Own, 0), (Routing::Ask, 1), (Routing::Once, 2)] {
+            let m = Message::Create {
+                id: 1,
+                client: "10.0.0.1:40000".parse().unwrap(),
+                local: "10.0.0.2:80".parse().unwrap(),
+                transfer: Transfer::Fd,
+                preread: Vec::new(),
+                route: routing,
+            };
+            let mut f = m.to_frame().unwrap();
+            assert_eq!(*f.last().unwrap(), byte);
+            assert_eq!(Message::decode(&f).unwrap().unwrap(), (m, f.len()));
+            *f.last_mut().unwrap() = 3;
+            assert_eq!(Message::decode(&f), Err(ProtoError::Invalid("route")));
         }
     }
 
@@ -1067,7 +1113,7 @@ mod tests {
             local: "1.2.3.4:80".parse().unwrap(),
             transfer: Transfer::Fd,
             preread: vec![],
-            route: false,
+            route: Routing::Own,
         };
         assert!(m.needs_fd());
         assert!(!Message::Accepted { id: 1 }.needs_fd());

@@ -16,7 +16,7 @@ fn create(id: u64, pre: &[u8]) -> Message {
         local: "127.0.0.1:2".parse().unwrap(),
         transfer: Transfer::Fd,
         preread: pre.to_vec(),
-        route: false,
+        route: switchyard_handoff::proto::Routing::Own,
     }
 }
 
@@ -45,7 +45,7 @@ async fn client_socket_moves_to_another_task_and_is_served_there() {
         local: addr,
         transfer: Transfer::Fd,
         preread: pre[..n].to_vec(),
-        route: false,
+        route: switchyard_handoff::proto::Routing::Own,
     };
     sw_tx.send(&m, Some(accepted.as_fd())).await.unwrap();
     drop(accepted); // the switch's copy; the node holds its own now

@@ -72,7 +72,7 @@ fn repair_without_cap_net_admin_is_a_clear_error_and_fd_passing_works() {
             local: s.local_addr().unwrap(),
             transfer: Transfer::Fd,
             preread: b.to_vec(),
-            route: false,
+            route: switchyard_handoff::proto::Routing::Own,
         }
         .to_frame()
         .unwrap();

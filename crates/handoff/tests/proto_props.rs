@@ -5,7 +5,7 @@
 use proptest::prelude::*;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
-use switchyard_handoff::proto::{DropReason, FrameBuffer, Message, RouteAction, Transfer};
+use switchyard_handoff::proto::{DropReason, FrameBuffer, Message, RouteAction, Routing, Transfer};
 use switchyard_handoff::repair::{RepairState, RepairWindow};
 
 fn addr() -> impl Strategy<Value = SocketAddr> {
@@ -92,7 +92,7 @@ fn message() -> impl Strategy<Value = Message> {
             addr(),
             transfer(),
             bytes(),
-            any::<bool>()
+            prop_oneof![Just(Routing::Own), Just(Routing::Ask), Just(Routing::Once)]
         )
             .prop_map(
                 |(id, client, local, transfer, preread, route)| Message::Create {

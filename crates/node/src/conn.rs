@@ -81,6 +81,13 @@ pub(crate) trait Router: Send {
     /// the next request (the loop writes earlier responses first).
     fn asks(&self) -> bool;
 
+    /// Whether the connection goes elsewhere now, before another request is
+    /// read (a clone whose one request is answered): the loop writes what it
+    /// produced and ends with whatever the client sent meanwhile unread.
+    fn leaves(&self) -> bool {
+        false
+    }
+
     /// How to serve the request whose head is `head`.
     fn route(&mut self, head: &RequestHead) -> impl Future<Output = Step> + Send;
 
@@ -350,6 +357,12 @@ impl<R: Router> Conn<'_, R> {
             };
             if let Some(end) = end {
                 return end;
+            }
+            if self.router.as_deref().is_some_and(R::leaves) {
+                if self.flush().await.is_err() {
+                    return End::Broken;
+                }
+                return End::Moved;
             }
             if first {
                 // The connection carries a second response: from now on a

@@ -54,7 +54,7 @@ use tokio::sync::{mpsc, oneshot, watch, Notify, OwnedSemaphorePermit, Semaphore}
 use tokio::task::JoinHandle;
 
 use switchyard_handoff::fdpass::{self, ControlReader, ControlWriter, Outgoing, MAX_BATCH};
-use switchyard_handoff::proto::{DropReason, Message, RouteAction, Transfer, MAX_PREREAD};
+use switchyard_handoff::proto::{DropReason, Message, RouteAction, Routing, Transfer, MAX_PREREAD};
 use switchyard_handoff::proto::{MAX_STRING, MAX_TARGET};
 use switchyard_handoff::taker::Taker;
 use switchyard_handoff::{repair, HandoffError};
@@ -485,7 +485,7 @@ impl Receiver {
         transfer: Transfer,
         fd: Option<OwnedFd>,
         preread: Vec<u8>,
-        route: bool,
+        route: Routing,
     ) {
         let m = self.metrics();
         // A refused descriptor is only closed: the switch still holds the
@@ -595,7 +595,7 @@ impl Receiver {
         if let Some(r) = &self.reporter {
             r.event();
         }
-        tracing::trace!(id, %client, ?kind, route, "connection handed in");
+        tracing::trace!(id, %client, ?kind, ?route, "connection handed in");
         let me = self.clone();
         let ctl = ctl.clone();
         worker.spawn(async move {
@@ -634,7 +634,7 @@ impl Receiver {
         kind: Kind,
         mut stream: TcpStream,
         mut preread: BytesMut,
-        route: bool,
+        route: Routing,
         permit: OwnedSemaphorePermit,
     ) {
         let mut dispatch = Dispatch::new(id, route, ctl.clone(), self.ctx.metrics.clone());
@@ -819,7 +819,9 @@ fn truncate(mut s: String) -> String {
 /// connection's [`Router`].
 pub(crate) struct Dispatch {
     id: u64,
-    route: bool,
+    route: Routing,
+    /// A clone whose hand-back failed: it serves the rest of the connection here.
+    kept: bool,
     /// Requests seen on the connection.
     seq: u64,
     /// The next request was already routed (a failed hand-back): serve it
@@ -832,10 +834,16 @@ pub(crate) struct Dispatch {
 }
 
 impl Dispatch {
-    pub(crate) fn new(id: u64, route: bool, ctl: Arc<Control>, metrics: Arc<NodeMetrics>) -> Self {
+    pub(crate) fn new(
+        id: u64,
+        route: Routing,
+        ctl: Arc<Control>,
+        metrics: Arc<NodeMetrics>,
+    ) -> Self {
         Dispatch {
             id,
             route,
+            kept: false,
             seq: 0,
             skip_next: false,
             ctl,
@@ -846,6 +854,10 @@ impl Dispatch {
 
     /// After a failed hand-back: the pending request is served here.
     fn resume(&mut self) {
+        if self.route == Routing::Once {
+            self.kept = true;
+            return;
+        }
         self.skip_next = true;
         self.seq = self.seq.saturating_sub(1);
     }
@@ -896,7 +908,12 @@ impl Dispatch {
 impl Router for Dispatch {
     /// Whether the next request will be announced to the switch.
     fn asks(&self) -> bool {
-        self.route && self.seq >= 1 && !self.skip_next
+        self.route == Routing::Ask && self.seq >= 1 && !self.skip_next
+    }
+
+    /// A clone goes back once its one request is answered.
+    fn leaves(&self) -> bool {
+        self.route == Routing::Once && self.seq >= 1 && !self.kept
     }
 
     /// The first request is the switch's; later ones are served here, or
@@ -906,7 +923,7 @@ impl Router for Dispatch {
         if self.seq == 1 && !self.skip_next {
             return Step::Local { dispatched: true };
         }
-        if std::mem::take(&mut self.skip_next) || !self.route {
+        if std::mem::take(&mut self.skip_next) || self.route != Routing::Ask {
             return Step::Local { dispatched: false };
         }
         match self.ask(head).await {
@@ -998,7 +1015,7 @@ mod tests {
         rt.block_on(async {
             let (ctl, mut out) = control();
             let metrics = Arc::new(NodeMetrics::default());
-            let mut d = Dispatch::new(9, false, ctl.clone(), metrics.clone());
+            let mut d = Dispatch::new(9, Routing::Own, ctl.clone(), metrics.clone());
             assert!(matches!(
                 d.route(&head("/a")).await,
                 Step::Local { dispatched: true }
@@ -1022,7 +1039,7 @@ mod tests {
             );
             assert!(out.try_recv().is_err());
 
-            let mut d = Dispatch::new(4, true, ctl.clone(), metrics.clone());
+            let mut d = Dispatch::new(4, Routing::Ask, ctl.clone(), metrics.clone());
             d.route(&head("/a")).await;
             assert!(d.asks());
             let answer = {

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use switchyard_handoff::fdpass::{FdConn, FdReceiver, FdSender, MsgReader, MsgWriter};
-use switchyard_handoff::proto::{DropReason, Message, RouteAction, Transfer};
+use switchyard_handoff::proto::{DropReason, Message, RouteAction, Routing, Transfer};
 use switchyard_handoff::repair::RepairState;
 
 use common::{eventually, write, Client, TestNode};
@@ -131,7 +131,7 @@ impl Switch {
     }
 
     /// Hand a new client connection to the node; returns the node's answer.
-    fn create(&mut self, request: &[u8], route: bool) -> (Handed, Message) {
+    fn create(&mut self, request: &[u8], route: Routing) -> (Handed, Message) {
         let (client, own, pre) = self.accept(request);
         let id = self.next_id;
         self.next_id += 1;
@@ -164,7 +164,7 @@ impl Switch {
 
     /// Hand a connection over and expect `Accepted`; the switch then closes
     /// its own copy.
-    fn hand_in(&mut self, request: &[u8], route: bool) -> (u64, Client) {
+    fn hand_in(&mut self, request: &[u8], route: Routing) -> (u64, Client) {
         let (h, answer) = self.create(request, route);
         assert_eq!(answer, Message::Accepted { id: h.id });
         drop(h.own);
@@ -193,7 +193,7 @@ fn handed_in_connection_is_served_directly_and_reported() {
         |_| {},
     );
     let mut sw = Switch::connect(&node);
-    let (id, mut client) = sw.hand_in(&get("/a.txt"), false);
+    let (id, mut client) = sw.hand_in(&get("/a.txt"), Routing::Own);
     // A keep-alive request, then two pipelined ones, the last closing.
     client.send(&get("/b.txt"));
     client.send(
@@ -246,7 +246,7 @@ fn several_control_connections_at_once() {
     let mut sws = [Switch::connect(&node), Switch::connect(&node)];
     let mut clients = Vec::new();
     for i in 0..4 {
-        let (id, client) = sws[i % 2].hand_in(&get("/a.txt"), false);
+        let (id, client) = sws[i % 2].hand_in(&get("/a.txt"), Routing::Own);
         clients.push((id, client));
     }
     for (_, c) in &mut clients {
@@ -266,7 +266,7 @@ fn route_serve_forward_and_hand_back() {
     let (peer, _) = node_with_handoff(|r| write(r, "only-b.txt", b"from the peer"), |_| {});
     let (node, _dir) = node_with_handoff(|r| write(r, "a.txt", b"alpha"), |c| c.workers = 1);
     let mut sw = Switch::connect(&node);
-    let (id, mut client) = sw.hand_in(&get("/a.txt"), true);
+    let (id, mut client) = sw.hand_in(&get("/a.txt"), Routing::Ask);
     let r = client.response(false);
     assert_eq!(r.body, b"alpha");
     assert!(matches!(sw.recv().0, Message::Served { status: 200, .. }));
@@ -390,7 +390,7 @@ fn refused_at_the_cap_and_the_switch_still_serves_the_client() {
     let mut sw = Switch::connect(&node);
     let (_, mut client) = sw.hand_in(
         b"GET /a.txt HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
-        false,
+        Routing::Own,
     );
     assert!(read_all(&mut client).ends_with(b"alpha"));
     assert!(eventually(WAIT, || {
@@ -402,7 +402,7 @@ fn refused_at_the_cap_and_the_switch_still_serves_the_client() {
     assert!(eventually(WAIT, || {
         node.metric("switchyard_node_connections_active") == 1.0
     }));
-    let (mut h, answer) = sw.create(&get("/a.txt"), false);
+    let (mut h, answer) = sw.create(&get("/a.txt"), Routing::Own);
     let Message::Drop { id, reason, .. } = answer else {
         panic!("expected Drop, got {answer:?}");
     };
@@ -442,7 +442,7 @@ fn refused_while_shutting_down_and_socket_file_removed() {
     // Shutting down has begun once the listener is gone.
     assert!(eventually(WAIT, || TcpStream::connect(addr).is_err()));
 
-    let (mut h, answer) = sw.create(&get("/a.txt"), false);
+    let (mut h, answer) = sw.create(&get("/a.txt"), Routing::Own);
     let Message::Drop { reason, .. } = answer else {
         panic!("expected Drop, got {answer:?}");
     };
@@ -492,7 +492,7 @@ fn garbage_on_a_control_connection_closes_only_that_connection() {
         Ok(Some((Message::Hello { .. }, _)))
     ));
     // The node and its other control connection carry on.
-    let (_, mut client) = good.hand_in(&get("/a.txt"), false);
+    let (_, mut client) = good.hand_in(&get("/a.txt"), Routing::Own);
     assert_eq!(client.response(false).body, b"alpha");
     let mut direct = node.client();
     assert_eq!(direct.get("/a.txt").status, 200);
@@ -539,7 +539,7 @@ fn tcp_control_listener_refuses_what_it_cannot_restore() {
                 ..Default::default()
             })),
             preread: b"GET / HTTP/1.1\r\n\r\n".to_vec(),
-            route: false,
+            route: Routing::Own,
         })
         .await
         .unwrap();
@@ -584,7 +584,7 @@ fn forwarding_relays_every_framing_and_falls_back_before_the_first_byte() {
     let (peer, _) = node_with_handoff(move |r| write(r, "big.bin", &big2), |_| {});
     let (node, _dir) = node_with_handoff(|r| write(r, "a.txt", b"alpha"), |c| c.workers = 1);
     let mut sw = Switch::connect(&node);
-    let (id, mut client) = sw.hand_in(&get("/a.txt"), true);
+    let (id, mut client) = sw.hand_in(&get("/a.txt"), Routing::Ask);
     assert_eq!(client.response(false).body, b"alpha");
     assert!(matches!(sw.recv().0, Message::Served { .. }));
     let mut seq = 1;
@@ -697,7 +697,7 @@ fn forwarding_relays_every_framing_and_falls_back_before_the_first_byte() {
 fn unanswered_or_orphaned_route_queries_are_served_locally() {
     let (node, _dir) = node_with_handoff(|r| write(r, "a.txt", b"alpha"), |_| {});
     let mut sw = Switch::connect(&node);
-    let (id, mut client) = sw.hand_in(&get("/a.txt"), true);
+    let (id, mut client) = sw.hand_in(&get("/a.txt"), Routing::Ask);
     assert_eq!(client.response(false).body, b"alpha");
     assert!(matches!(sw.recv().0, Message::Served { .. }));
     // No answer: served after the route timeout, with no Served report.

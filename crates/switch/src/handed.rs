@@ -97,7 +97,7 @@ pub(crate) struct Handed {
     pub peer: SocketAddr,
     pub local: SocketAddr,
     pub flow: Option<Flow>,
-    pub route: bool,
+    pub route: switchyard_handoff::proto::Routing,
     pub outstanding: VecDeque<Dispatched>,
     /// Where a connection handed back goes next (decided when its request was routed).
     pub next: Option<usize>,

@@ -51,20 +51,17 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use switchyard_handoff::fdpass::{self, ControlReader, ControlSink, ControlWriter};
-use switchyard_handoff::mover::{
-    self, Event, Mover, MoverConfig, Outcome as Moved, TakeBackReason,
-};
-use switchyard_handoff::proto::{Message, RouteAction, Transfer, MAX_PREREAD};
+use switchyard_handoff::mover::{Event, MoverConfig, Outcome as Moved, TakeBackReason};
+use switchyard_handoff::proto::{Message, RouteAction, Routing, Transfer, MAX_PREREAD};
 use switchyard_handoff::repair;
 use switchyard_handoff::steer::{self, Flow, Target};
 use switchyard_http::request::{self, ParseOutcome};
 use switchyard_policy::{ConnId, Decision, NodeId, Outcome, PolicyKind, Request as PolicyRequest};
 use tokio::net::TcpStream;
-use tokio::sync::oneshot;
 
 use crate::backend::Backend;
 use crate::config::{ControlAddr, Persistent};
-use crate::control::{Control, Link, Pending};
+use crate::control::{Control, Link, Pending, Sent};
 use crate::generation::Generation;
 use crate::handed::{Dispatched, Fallback, Handed, Handoffs};
 use crate::state::Shared;
@@ -108,11 +105,16 @@ pub(crate) async fn run_linger(shared: Arc<Shared>) {
 }
 
 /// Whether handed-off connections ask the switch before each further request.
-fn routes(gen: &Generation) -> bool {
-    match gen.cfg.persistent {
+fn routes(gen: &Generation) -> Routing {
+    let ask = match gen.cfg.persistent {
         Persistent::Auto => gen.cfg.policy.name == PolicyKind::ExtLard,
         Persistent::Single => false,
         Persistent::MultipleHandoff | Persistent::BackendForwarding => true,
+    };
+    if ask {
+        Routing::Ask
+    } else {
+        Routing::Own
     }
 }
 
@@ -157,9 +159,8 @@ pub(crate) async fn hand_off(shared: &Arc<Shared>, offer: Offer<'_>) -> Offered 
 }
 
 /// Offer connection `id` to node `node` over `link` (`create` and its descriptor) and run the
-/// mover until the answer is definitive (see `switchyard_handoff::mover` for why the switch
-/// never serves a connection the node may serve). The `Create` is written here, by the task
-/// that owns the connection, and the answer is read by the link's reader on the same thread.
+/// mover until the answer is definitive. The `Create` is written by the task that owns the
+/// connection, and the answer is read by the link's reader on the same thread.
 #[allow(clippy::too_many_arguments)]
 async fn send_offer(
     h: &Handoffs,
@@ -171,36 +172,10 @@ async fn send_offer(
     fd: Option<OwnedFd>,
     timeout: Duration,
 ) -> Moved {
-    let (tx, rx) = oneshot::channel();
     let offer = h.next_id.fetch_add(1, Relaxed);
-    link.wait(
-        id,
-        Pending {
-            node,
-            first,
-            tx,
-            offer,
-        },
-    );
-    let now = tokio::time::Instant::now().into_std();
-    let mut m = Mover::new(id, MoverConfig::symmetric(timeout), now);
-    if !link.send_soon(&create, fd) {
-        m.handle(Event::NotSent);
-    }
-    drop(create);
-    let outcome = mover::drive(
-        &mut m,
-        async { rx.await.ok() },
-        |frame| {
-            // If the link is down, its end reaches the mover through the waiting entry.
-            link.send(&frame, None);
-        },
-        // Taking the entry out fences the expiry against an answer read meanwhile.
-        || link.withdraw(id, offer),
-    )
-    .await;
-    link.withdraw(id, offer);
-    outcome
+    let sent = Sent { node, first };
+    let cfg = MoverConfig::symmetric(timeout);
+    switchyard_handoff::link::offer(link, id, offer, sent, create, fd, cfg).await
 }
 
 async fn try_hand_off(shared: &Arc<Shared>, offer: Offer<'_>) -> Result<(), Fallback> {
@@ -582,7 +557,9 @@ fn on_message(
     match m {
         Message::Accepted { id } => {
             if let Some(Pending {
-                node, first, tx, ..
+                data: Sent { node, first },
+                tx,
+                ..
             }) = link.answer(id)
             {
                 // The node may ask about the next request (or report this one served) before

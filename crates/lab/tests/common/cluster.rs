@@ -726,7 +726,7 @@ async fn control_reader(
                     local: c.local,
                     transfer,
                     preread,
-                    route: false,
+                    route: switchyard_handoff::proto::Routing::Own,
                 });
                 sw.stats.count(&sw.stats.handoffs);
             }
@@ -817,7 +817,7 @@ async fn handle_client(sw: Arc<Sw>, mut s: TcpStream, peer: SocketAddr, rr: usiz
         local,
         transfer: Transfer::Repair(Box::new(state)),
         preread: buf.clone(),
-        route: false,
+        route: switchyard_handoff::proto::Routing::Own,
     });
     let answer = tokio::time::timeout(HANDOFF_TIMEOUT, rx).await;
     dbg_log(format!("switch: id {id} answer {answer:?}"));
