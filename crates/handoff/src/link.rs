@@ -16,15 +16,74 @@
 //! and when the handoff began), handed back with the answer.
 
 use std::collections::HashMap;
+use std::fmt;
+use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use parking_lot::Mutex;
+use serde::de::{self, Deserializer};
+use serde::Deserialize;
 use tokio::sync::{oneshot, Notify};
 
-use crate::fdpass::{ControlSink, SinkReady};
+use crate::fdpass::{self, ControlReader, ControlSink, ControlWriter, SinkReady};
 use crate::mover::{self, Event, Mover, MoverConfig, Outcome};
 use crate::proto::Message;
+
+/// Where a node takes connections moved to it (its handoff control listener).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ControlAddr {
+    /// Same host: a Unix stream socket; connections travel as descriptors (`SCM_RIGHTS`).
+    Unix(std::path::PathBuf),
+    /// Another host: a TCP address; connections travel as `TCP_REPAIR` state.
+    Tcp(SocketAddr),
+}
+
+impl fmt::Display for ControlAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ControlAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+            ControlAddr::Tcp(a) => write!(f, "{a}"),
+        }
+    }
+}
+
+impl std::str::FromStr for ControlAddr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Some(p) = s.strip_prefix("unix:") {
+            if p.is_empty() {
+                return Err("empty Unix socket path in `unix:PATH`".into());
+            }
+            return Ok(ControlAddr::Unix(p.into()));
+        }
+        s.parse()
+            .map(ControlAddr::Tcp)
+            .map_err(|_| format!("invalid control address `{s}` (want unix:PATH or IP:PORT)"))
+    }
+}
+
+impl<'de> Deserialize<'de> for ControlAddr {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(de::Error::custom)
+    }
+}
+
+impl ControlAddr {
+    /// Whether connections moved over this address travel as descriptors (same host).
+    pub fn same_host(&self) -> bool {
+        matches!(self, ControlAddr::Unix(_))
+    }
+
+    /// Opens a control connection to this address.
+    pub async fn connect(&self) -> std::io::Result<(ControlReader, ControlWriter)> {
+        Ok(match self {
+            ControlAddr::Unix(p) => fdpass::control_unix(tokio::net::UnixStream::connect(p).await?),
+            ControlAddr::Tcp(a) => fdpass::control_tcp(tokio::net::TcpStream::connect(a).await?),
+        })
+    }
+}
 
 /// A `Create` waiting for its answer.
 #[derive(Debug)]

@@ -4,6 +4,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use serde::Deserialize;
+use switchyard_handoff::link::ControlAddr;
+use switchyard_policy::{PolicyConfig, PolicyKind};
 
 /// Configuration of one node. Every field has a default except `root`.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -71,6 +73,95 @@ pub struct NodeConfig {
     /// socket: packets arriving while a connection is being restored are then retransmitted by
     /// the client. Needs CAP_NET_ADMIN and nftables; IPv4. None (the default): no rule.
     pub handoff_vip: Option<SocketAddr>,
+    /// Cooperative mode (`switchyard node --cooperative`): the node takes its place in a
+    /// cluster of peers that move connections among themselves. Set from the top-level
+    /// `[cluster]` table, not from `[node]`.
+    #[serde(skip)]
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// `[cluster]`: the members of a cooperative cluster (seed 000). The same table serves every
+/// member; each node finds itself in it by `name` (`switchyard node --cooperative --name n2`).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// This node's name: one of the members.
+    #[serde(default)]
+    pub name: String,
+    /// Every node of the cluster, this one included.
+    pub members: Vec<Member>,
+    /// The owner map: which member owns each target. Default `chash` (consistent hashing with
+    /// bounded loads); any policy of `[policy]` may be named.
+    #[serde(default = "default_owner_policy")]
+    pub policy: PolicyConfig,
+    /// How long a clone waits for its owner's answer (`Accepted` or `Drop`) before it cancels,
+    /// and as long again for the answer to the cancel.
+    #[serde(default = "default_clone_timeout_ms")]
+    pub clone_timeout_ms: u64,
+}
+
+fn default_owner_policy() -> PolicyConfig {
+    PolicyConfig::new(PolicyKind::Chash)
+}
+
+fn default_clone_timeout_ms() -> u64 {
+    1000
+}
+
+/// One member of a cooperative cluster.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Member {
+    /// Its name, unique in the cluster; the owner map is computed from the names, so every
+    /// member computes the same map.
+    pub name: String,
+    /// Its control listener: `unix:PATH` on this host (connections travel as descriptors) or
+    /// `IP:PORT` on another host (connections travel as `TCP_REPAIR` state).
+    pub control: ControlAddr,
+}
+
+impl ClusterConfig {
+    /// A cluster of `members` seen from the member called `name`, with the default owner map.
+    pub fn new(name: impl Into<String>, members: Vec<Member>) -> Self {
+        ClusterConfig {
+            name: name.into(),
+            members,
+            policy: default_owner_policy(),
+            clone_timeout_ms: default_clone_timeout_ms(),
+        }
+    }
+
+    /// This node's entry.
+    pub fn me(&self) -> Option<&Member> {
+        self.members.iter().find(|m| m.name == self.name)
+    }
+
+    /// Checks the table: a name, unique members, this node among them, a valid owner policy.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.name.is_empty() {
+            return Err("[cluster]: this node's name is not set (`name` or --name)".into());
+        }
+        for (i, m) in self.members.iter().enumerate() {
+            if m.name.is_empty() {
+                return Err(format!("[cluster]: member {i} has an empty name"));
+            }
+            if self.members[..i].iter().any(|o| o.name == m.name) {
+                return Err(format!("[cluster]: member `{}` is listed twice", m.name));
+            }
+        }
+        if self.me().is_none() {
+            return Err(format!(
+                "[cluster]: this node (`{}`) is not among the members",
+                self.name
+            ));
+        }
+        if self.clone_timeout_ms == 0 {
+            return Err("[cluster]: clone_timeout_ms must be positive".into());
+        }
+        switchyard_policy::build(&self.policy)
+            .map(drop)
+            .map_err(|e| format!("[cluster] policy: {e}"))
+    }
 }
 
 /// Emulated disk: every read that misses the object cache waits as if a
@@ -117,6 +208,7 @@ impl Default for NodeConfig {
             handoff_unix: None,
             handoff_listen: None,
             handoff_vip: None,
+            cluster: None,
         }
     }
 }

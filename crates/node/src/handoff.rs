@@ -585,6 +585,9 @@ impl Receiver {
             return;
         };
         let written = ctl.send_written(accepted);
+        if route == Routing::Once {
+            m.clones_in.fetch_add(1, Relaxed);
+        }
         match kind {
             Kind::Fd => m.fd_connections.fetch_add(1, Relaxed),
             Kind::Repair => m.repair_connections.fetch_add(1, Relaxed),

@@ -19,6 +19,10 @@
 //! the node serves them with the same loop, answers the clients directly,
 //! and reports to the switch over the control connection.
 //!
+//! In cooperative mode (`cluster`, seed 000) there is no switch: every node
+//! accepts clients, and a request owned by another member moves there with
+//! its connection and comes back once answered (`coop`).
+//!
 //! # Module order
 //!
 //! Dependencies among the modules go one way, from the bottom up:
@@ -33,10 +37,15 @@
 //!    request by request; it knows nothing of switches or handoffs;
 //! 5. `handoff`: the control connections, taking connections in, and the
 //!    router that asks the switch; it serves through `conn`;
-//! 6. the crate root: [`start`], the accept loops, [`RunningNode`].
+//! 6. `coop`: cooperative mode — the owner map, the control connections
+//!    to the peers, cloning a connection to the owner of its request and
+//!    taking it back; it serves through `conn`, and the peers' clones come
+//!    in through `handoff`;
+//! 7. the crate root: [`start`], the accept loops, [`RunningNode`].
 
 pub mod config;
 mod conn;
+mod coop;
 pub mod disk;
 mod error;
 mod forward;
@@ -53,6 +62,7 @@ use std::time::Duration;
 
 use prometheus_client::registry::Registry;
 use switchyard_admin::Admin;
+use switchyard_handoff::link::ControlAddr;
 use switchyard_http::request::Limits;
 use switchyard_runtime::accept::{accept_loop, Incoming, WhenFull};
 use switchyard_runtime::{listen::listen_reuseport, Live, Workers};
@@ -60,7 +70,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
-pub use config::{DiskConfig, NodeConfig};
+pub use config::{ClusterConfig, DiskConfig, Member, NodeConfig};
 use conn::Ctx;
 pub use error::NodeError;
 pub use metrics::NodeMetrics;
@@ -76,6 +86,7 @@ pub struct RunningNode {
     workers: Workers,
     tasks: Vec<JoinHandle<()>>,
     handoff: handoff::Listeners,
+    cluster: Option<Arc<coop::Cluster>>,
 }
 
 impl RunningNode {
@@ -104,6 +115,15 @@ impl RunningNode {
     /// The node's counters.
     pub fn metrics(&self) -> &Arc<NodeMetrics> {
         &self.metrics
+    }
+
+    /// Cooperative mode: wait until the control connection to every peer is up (`false` if
+    /// `timeout` passed first, or the node is not in cooperative mode).
+    pub async fn wait_for_peers(&self, timeout: Duration) -> bool {
+        match &self.cluster {
+            Some(c) => coop::wait_for_peers(c, timeout).await,
+            None => false,
+        }
     }
 
     /// The node's store (cache statistics, disk queue).
@@ -143,10 +163,29 @@ fn limits(cfg: &NodeConfig) -> Limits {
 /// the same address. A connection lives and dies on the thread that
 /// accepted it, so short connections cost no cross-thread wakeups. The
 /// admin listener runs on the caller's runtime.
-pub async fn start(cfg: NodeConfig) -> Result<RunningNode, NodeError> {
+pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
     if cfg.max_connections == 0 || cfg.max_connections > u32::MAX as usize {
         return Err(NodeError::Config("max_connections must be positive".into()));
     }
+    let cluster = match &cfg.cluster {
+        Some(c) => {
+            let cluster = Arc::new(coop::Cluster::new(c)?);
+            // Peers reach this node at its member address.
+            match (&c.me().map(|m| m.control.clone()), &cfg.handoff_unix) {
+                (Some(ControlAddr::Unix(p)), None) => cfg.handoff_unix = Some(p.clone()),
+                (Some(ControlAddr::Unix(p)), Some(q)) if p != q => {
+                    return Err(NodeError::Config(format!(
+                        "[cluster]: this member's control address unix:{} differs from handoff_unix {}",
+                        p.display(),
+                        q.display()
+                    )))
+                }
+                _ => {}
+            }
+            Some(cluster)
+        }
+        None => None,
+    };
     let store = Arc::new(Store::new(&cfg)?);
     let metrics = Arc::new(NodeMetrics::default());
     let ctx = Arc::new(Ctx {
@@ -170,6 +209,9 @@ pub async fn start(cfg: NodeConfig) -> Result<RunningNode, NodeError> {
         Some(a) => {
             let mut registry = Registry::default();
             metrics::register(&mut registry, metrics.clone(), store.clone());
+            if let Some(c) = &cluster {
+                coop::register(&mut registry, c.clone());
+            }
             let admin_listener = Admin::bind(a).await?;
             let bound = admin_listener
                 .local_addr()
@@ -202,6 +244,7 @@ pub async fn start(cfg: NodeConfig) -> Result<RunningNode, NodeError> {
         slots: slots.clone(),
         stop: stop_rx.clone(),
         reporter: reporter.clone(),
+        cluster: cluster.clone(),
     });
     let registry = handoff::WorkerRegistry::default();
     let reg = registry.clone();
@@ -221,7 +264,14 @@ pub async fn start(cfg: NodeConfig) -> Result<RunningNode, NodeError> {
 
     let handoff = start_handoff(
         &cfg,
-        handoff::Receiver::new(ctx, slots, stop_rx, reporter, addr.to_string(), &registry),
+        handoff::Receiver::new(
+            ctx,
+            slots,
+            stop_rx.clone(),
+            reporter,
+            addr.to_string(),
+            &registry,
+        ),
         &registry,
         n_workers,
     )
@@ -237,6 +287,14 @@ pub async fn start(cfg: NodeConfig) -> Result<RunningNode, NodeError> {
             return Err(e);
         }
     };
+    if let Some(c) = &cluster {
+        tasks.extend(c.spawn_links(stop_rx.clone()));
+        tracing::info!(
+            name = c.name(),
+            peers = c.peers().count(),
+            "cooperative mode"
+        );
+    }
     tracing::info!(
         %addr,
         root = %cfg.root.display(),
@@ -254,6 +312,7 @@ pub async fn start(cfg: NodeConfig) -> Result<RunningNode, NodeError> {
         workers,
         tasks,
         handoff,
+        cluster,
     })
 }
 
@@ -328,6 +387,8 @@ struct Worker {
     slots: Arc<Semaphore>,
     stop: watch::Receiver<bool>,
     reporter: Option<Arc<report::Reporter>>,
+    /// Cooperative mode: requests owned by peers are cloned to them.
+    cluster: Option<Arc<coop::Cluster>>,
 }
 
 impl Worker {
@@ -360,8 +421,14 @@ impl Worker {
                 let stop = self.stop.clone();
                 let reporter = self.reporter.clone();
                 let live = live.clone();
+                let cluster = self.cluster.clone();
                 tokio::spawn(async move {
-                    conn::serve(ctx.clone(), stream, stop, bytes::BytesMut::new()).await;
+                    match cluster {
+                        Some(c) => c.serve(ctx.clone(), stream, stop).await,
+                        None => {
+                            conn::serve(ctx.clone(), stream, stop, bytes::BytesMut::new()).await;
+                        }
+                    }
                     ctx.metrics.connections_active.fetch_sub(1, Relaxed);
                     if let Some(r) = &reporter {
                         r.event();

@@ -51,8 +51,10 @@ pub struct HandoffMetrics {
     pub refused_no_privilege: AtomicU64,
     /// Refusals for any other reason (not a stream socket, registration failed).
     pub refused_other: AtomicU64,
-    /// Connections given back to the switch (multiple handoff).
+    /// Connections given back to the switch (multiple handoff) or to the peer that cloned them.
     pub hand_backs: AtomicU64,
+    /// Clones taken from peers (cooperative mode): one request each, then handed back.
+    pub clones_in: AtomicU64,
     /// Hand-backs that failed (the node kept serving the connection or closed it).
     pub hand_back_failures: AtomicU64,
     /// `Route` queries sent.
@@ -82,6 +84,7 @@ impl Default for HandoffMetrics {
             refused_no_privilege: AtomicU64::new(0),
             refused_other: AtomicU64::new(0),
             hand_backs: AtomicU64::new(0),
+            clones_in: AtomicU64::new(0),
             hand_back_failures: AtomicU64::new(0),
             route_queries: AtomicU64::new(0),
             route_timeouts: AtomicU64::new(0),
@@ -283,6 +286,12 @@ fn encode_handoff(enc: &mut DescriptorEncoder, h: &HandoffMetrics) -> Result<(),
             ("no_privilege".to_owned(), get(&h.refused_no_privilege)),
             ("other".to_owned(), get(&h.refused_other)),
         ],
+    )?;
+    counter(
+        enc,
+        "switchyard_node_clones_in",
+        "Connections cloned to this node by peers to serve one request (cooperative mode)",
+        get(&h.clones_in),
     )?;
     counter(
         enc,

@@ -9,45 +9,7 @@ use switchyard_policy::{PolicyConfig, PolicyKind};
 
 use crate::error::SwitchError;
 
-/// Where a node takes handed-off connections (its handoff control listener).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum ControlAddr {
-    /// Same host: a Unix stream socket; connections travel as descriptors (`SCM_RIGHTS`).
-    Unix(std::path::PathBuf),
-    /// Another host: a TCP address; connections travel as `TCP_REPAIR` state.
-    Tcp(SocketAddr),
-}
-
-impl fmt::Display for ControlAddr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ControlAddr::Unix(p) => write!(f, "unix:{}", p.display()),
-            ControlAddr::Tcp(a) => write!(f, "{a}"),
-        }
-    }
-}
-
-impl std::str::FromStr for ControlAddr {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        if let Some(p) = s.strip_prefix("unix:") {
-            if p.is_empty() {
-                return Err("empty Unix socket path in `unix:PATH`".into());
-            }
-            return Ok(ControlAddr::Unix(p.into()));
-        }
-        s.parse()
-            .map(ControlAddr::Tcp)
-            .map_err(|_| format!("invalid control address `{s}` (want unix:PATH or IP:PORT)"))
-    }
-}
-
-impl<'de> Deserialize<'de> for ControlAddr {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(de::Error::custom)
-    }
-}
+pub use switchyard_handoff::link::ControlAddr;
 
 /// One back-end node: its address and, optionally, a weight, its own in-flight cap and its
 /// handoff control address.

@@ -50,7 +50,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use switchyard_handoff::fdpass::{self, ControlReader, ControlSink, ControlWriter};
+use switchyard_handoff::fdpass::{ControlReader, ControlSink, ControlWriter};
 use switchyard_handoff::mover::{Event, MoverConfig, Outcome as Moved, TakeBackReason};
 use switchyard_handoff::proto::{Message, RouteAction, Routing, Transfer, MAX_PREREAD};
 use switchyard_handoff::repair;
@@ -340,7 +340,7 @@ async fn run_link(shared: Arc<Shared>, b: Arc<Backend>, worker: usize, serve: Se
             return;
         }
         let connect_timeout = shared.current().t.connect;
-        let connected = tokio::time::timeout(connect_timeout, connect(&ctl.addr)).await;
+        let connected = tokio::time::timeout(connect_timeout, ctl.addr.connect()).await;
         let result = match connected {
             Ok(Ok(io)) => {
                 backoff = Duration::from_millis(50);
@@ -364,13 +364,6 @@ async fn run_link(shared: Arc<Shared>, b: Arc<Backend>, worker: usize, serve: Se
         }
         backoff = (backoff * 2).min(Duration::from_secs(2));
     }
-}
-
-async fn connect(addr: &ControlAddr) -> std::io::Result<(ControlReader, ControlWriter)> {
-    Ok(match addr {
-        ControlAddr::Unix(p) => fdpass::control_unix(tokio::net::UnixStream::connect(p).await?),
-        ControlAddr::Tcp(a) => fdpass::control_tcp(TcpStream::connect(a).await?),
-    })
 }
 
 /// How a control connection ended, for the handoffs waiting on it.

@@ -1,0 +1,888 @@
+//! Cooperative mode: nodes move live connections among themselves, with no front end (seed 000,
+//! Cyclone, §3.1 socket cloning).
+//!
+//! Clients reach any node (the kernel spreads them over processes sharing one port with
+//! `SO_REUSEPORT`, or a layer-4 director spreads them over hosts). Every node computes the same
+//! owner map from the same membership ([`Owners`], a policy of `switchyard-policy`, consistent
+//! hashing with bounded loads by default, with node ids derived from the members' names). A
+//! request whose owner is this node is served here. A request owned by a peer is *cloned* to
+//! it: the connection leaves the HTTP loop with the request unread (`Step::HandBack` of the
+//! connection's [`Owned`] router), travels to the owner over this node's control connection to
+//! it (`Create` with [`Routing::Once`], the same link and mover as the switch's handoffs,
+//! `switchyard_handoff::link`), the owner serves exactly that request and gives the connection
+//! back (`HandBack`) with whatever the client sent meanwhile, and the loop here takes the next
+//! request: serve it, or clone again. At most one clone of a connection exists at a time (this
+//! node waits for the hand-back before it reads again) and a clone never clones further (the
+//! owner serves it with the switch's `Dispatch` router in `Once` mode, which never asks anyone).
+//!
+//! The safety argument of the mover holds unchanged: this node serves a connection it offered
+//! only after a definitive refusal, and gives it up when nothing is known. A peer that dies
+//! loses the connections it was serving at that moment and nothing else; its targets move to
+//! the others (its control connection is down: `node_down` in the owner map).
+//!
+//! Same host only for now: connections travel as descriptors (`SCM_RIGHTS`), which needs no
+//! privilege. Members on other hosts (a TCP control address) are refused at start.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use parking_lot::Mutex;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use tokio::net::TcpStream;
+use tokio::sync::{oneshot, watch, Notify};
+
+use switchyard_handoff::fdpass::ControlReader;
+use switchyard_handoff::link::{self, ControlAddr, Link};
+use switchyard_handoff::mover::{MoverConfig, Outcome as Moved, TakeBackReason};
+use switchyard_handoff::proto::{Message, RouteAction, Routing, Transfer, MAX_PREREAD};
+use switchyard_http::request::RequestHead;
+use switchyard_policy::{ConnId, NodeId, NodeSpec, Outcome, Policy, Request};
+
+use crate::config::ClusterConfig;
+use crate::conn::{self, Ctx, Router, Step};
+use crate::error::NodeError;
+
+/// How a cloned connection came back, or did not.
+enum Return {
+    /// The owner gave it back: the socket and the bytes of the next request it read.
+    Back { fd: OwnedFd, preread: Vec<u8> },
+    /// The client closed it while the owner served it.
+    Closed,
+    /// The owner's control connection ended, or the owner lost it.
+    Lost,
+}
+
+/// Why a request owned by a peer was served here after all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fallback {
+    /// The control connection to the owner was down.
+    ControlDown,
+    /// More bytes were read than a `Create` carries.
+    TooMuchRead,
+    /// The socket could not be duplicated.
+    NoDescriptor,
+    /// The owner refused it (`Drop`), or answered the `Cancel` with `Drop`.
+    Refused,
+    /// The control connection ended cleanly before an answer.
+    ControlEnded,
+}
+
+impl Fallback {
+    const ALL: [Fallback; 5] = [
+        Fallback::ControlDown,
+        Fallback::TooMuchRead,
+        Fallback::NoDescriptor,
+        Fallback::Refused,
+        Fallback::ControlEnded,
+    ];
+
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Fallback::ControlDown => "control_down",
+            Fallback::TooMuchRead => "too_much_read",
+            Fallback::NoDescriptor => "no_descriptor",
+            Fallback::Refused => "refused",
+            Fallback::ControlEnded => "control_ended",
+        }
+    }
+}
+
+/// Counters of one peer, as seen by this node.
+#[derive(Debug, Default)]
+pub(crate) struct PeerStats {
+    /// Connections cloned to the peer (it accepted them).
+    pub clones: AtomicU64,
+    /// Clones the peer gave back.
+    pub hand_backs: AtomicU64,
+    /// Clones that ended at the peer (the client closed them there).
+    pub closed: AtomicU64,
+    /// Clones lost: the peer's control connection ended while it held them, or nobody knows
+    /// whether it took them (abandoned).
+    pub lost: AtomicU64,
+}
+
+/// One member of the cluster other than this node.
+pub(crate) struct Peer {
+    pub name: String,
+    id: NodeId,
+    pub addr: ControlAddr,
+    link: Link<()>,
+    /// Clones this peer holds, waiting for their return, by connection id.
+    returns: Mutex<HashMap<u64, oneshot::Sender<Return>>>,
+    pub stats: PeerStats,
+}
+
+impl Peer {
+    pub(crate) fn is_up(&self) -> bool {
+        self.link.is_up()
+    }
+
+    fn give_back(&self, id: u64, r: Return) {
+        if let Some(tx) = self.returns.lock().remove(&id) {
+            let _ = tx.send(r);
+        }
+    }
+}
+
+/// Counters of the cluster as a whole.
+#[derive(Debug)]
+pub(crate) struct ClusterStats {
+    /// Requests owned by a peer served here after all, by [`Fallback`].
+    fallbacks: [AtomicU64; 5],
+    /// Requests served here because this node owns them.
+    pub owned: AtomicU64,
+    /// Requests cloned to their owners and not yet finished (answered and counted).
+    pub outstanding: AtomicU64,
+    /// From the `Create` to the owner's `Accepted`.
+    pub clone_seconds: Histogram,
+}
+
+impl Default for ClusterStats {
+    fn default() -> Self {
+        ClusterStats {
+            fallbacks: Default::default(),
+            owned: AtomicU64::new(0),
+            outstanding: AtomicU64::new(0),
+            clone_seconds: Histogram::new(exponential_buckets(10e-6, 2.0, 16)),
+        }
+    }
+}
+
+impl ClusterStats {
+    fn count_fallback(&self, f: Fallback) {
+        self.fallbacks[Fallback::ALL.iter().position(|x| *x == f).unwrap_or(0)]
+            .fetch_add(1, Relaxed);
+    }
+
+    /// Fallbacks by reason label.
+    pub(crate) fn fallbacks(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        Fallback::ALL
+            .iter()
+            .zip(&self.fallbacks)
+            .map(|(f, n)| (f.label(), n.load(Relaxed)))
+    }
+}
+
+/// The owner map: a policy over the members, with ids every member derives the same way.
+struct Owners {
+    policy: Box<dyn Policy>,
+    /// Member index by policy node id.
+    index: HashMap<NodeId, usize>,
+}
+
+/// A member's id in the owner map: FNV-1a of its name. Written out here rather than taken from
+/// a hashing crate because every member — every build, every version — must compute the same
+/// value, which the standard library's hasher does not promise.
+fn member_id(name: &str) -> NodeId {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in name.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    NodeId(h)
+}
+
+/// A cooperative cluster, seen from one member.
+pub(crate) struct Cluster {
+    /// This node's member index.
+    me: usize,
+    /// Every member by index; this node's entry is `None`.
+    peers: Vec<Option<Arc<Peer>>>,
+    names: Vec<String>,
+    owners: Mutex<Owners>,
+    next_id: AtomicU64,
+    next_conn: AtomicU64,
+    mover: MoverConfig,
+    origin: Instant,
+    pub stats: ClusterStats,
+}
+
+impl Cluster {
+    /// The cluster of `cfg`, seen from its member `cfg.name`. Peers start down; [`Cluster::run`]
+    /// brings their control connections up.
+    pub(crate) fn new(cfg: &ClusterConfig) -> Result<Self, NodeError> {
+        cfg.validate().map_err(NodeError::Config)?;
+        let mut ids: HashMap<NodeId, usize> = HashMap::new();
+        for (i, m) in cfg.members.iter().enumerate() {
+            let id = member_id(&m.name);
+            if let Some(j) = ids.insert(id, i) {
+                return Err(NodeError::Config(format!(
+                    "[cluster]: members `{}` and `{}` hash to the same id; rename one",
+                    cfg.members[j].name, m.name
+                )));
+            }
+            if !m.control.same_host() && m.name != cfg.name {
+                return Err(NodeError::Config(format!(
+                    "[cluster]: member `{}` is on another host ({}); cooperative mode moves \
+                     connections between nodes of one host (unix: control addresses) only",
+                    m.name, m.control
+                )));
+            }
+        }
+        let me = cfg
+            .members
+            .iter()
+            .position(|m| m.name == cfg.name)
+            .ok_or_else(|| NodeError::Config("[cluster]: this node is not a member".into()))?;
+        let mut policy = switchyard_policy::build(&cfg.policy)
+            .map_err(|e| NodeError::Config(format!("[cluster] policy: {e}")))?;
+        let specs: Vec<NodeSpec> = cfg
+            .members
+            .iter()
+            .map(|m| NodeSpec::new(member_id(&m.name).0))
+            .collect();
+        policy
+            .init(&specs, Duration::ZERO)
+            .map_err(|e| NodeError::Config(format!("[cluster] policy: {e}")))?;
+        let peers: Vec<Option<Arc<Peer>>> = cfg
+            .members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                (i != me).then(|| {
+                    Arc::new(Peer {
+                        name: m.name.clone(),
+                        id: member_id(&m.name),
+                        addr: m.control.clone(),
+                        link: Link::default(),
+                        returns: Mutex::new(HashMap::new()),
+                        stats: PeerStats::default(),
+                    })
+                })
+            })
+            .collect();
+        // Peers are down until their control connections are up.
+        for p in peers.iter().flatten() {
+            policy.node_down(p.id, Duration::ZERO);
+        }
+        Ok(Cluster {
+            me,
+            peers,
+            names: cfg.members.iter().map(|m| m.name.clone()).collect(),
+            owners: Mutex::new(Owners { policy, index: ids }),
+            next_id: AtomicU64::new(1),
+            next_conn: AtomicU64::new(1),
+            mover: MoverConfig::symmetric(Duration::from_millis(cfg.clone_timeout_ms)),
+            origin: Instant::now(),
+            stats: ClusterStats::default(),
+        })
+    }
+
+    fn now(&self) -> Duration {
+        self.origin.elapsed()
+    }
+
+    /// This node's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.names[self.me]
+    }
+
+    /// The other members.
+    pub(crate) fn peers(&self) -> impl Iterator<Item = &Arc<Peer>> {
+        self.peers.iter().flatten()
+    }
+
+    /// The member that owns `target` now (its name), as this node would route a request for it.
+    #[cfg(test)]
+    fn owner_of(&self, target: &str) -> Option<&str> {
+        let conn = ConnId(u64::MAX);
+        let mut o = self.owners.lock();
+        let d = o
+            .policy
+            .select(&Request::get(conn, target), self.now())
+            .ok()?;
+        o.policy
+            .post_request(conn, d.node(), &Outcome::failed(), self.now());
+        o.policy.connection_end(conn, self.now());
+        let i = *o.index.get(&d.node())?;
+        Some(&self.names[i])
+    }
+
+    /// Keep the control connection to every peer up until `stop`.
+    pub(crate) fn spawn_links(
+        self: &Arc<Self>,
+        stop: watch::Receiver<bool>,
+    ) -> Vec<tokio::task::JoinHandle<()>> {
+        self.peers()
+            .map(|p| tokio::spawn(run_link(self.clone(), p.clone(), stop.clone())))
+            .collect()
+    }
+
+    /// Wakes waiters when a peer's link changes state (tests and start-up wait on it).
+    fn set_peer_up(&self, p: &Peer, up: bool) {
+        let now = self.now();
+        let mut o = self.owners.lock();
+        if up {
+            o.policy.node_up(p.id, now);
+        } else {
+            o.policy.node_down(p.id, now);
+        }
+    }
+
+    /// Serve an accepted client connection in cooperative mode until it closes.
+    pub(crate) async fn serve(
+        self: Arc<Self>,
+        ctx: Arc<Ctx>,
+        mut stream: TcpStream,
+        stop: watch::Receiver<bool>,
+    ) {
+        let conn = ConnId(self.next_conn.fetch_add(1, Relaxed));
+        self.owners.lock().policy.connection_start(conn, self.now());
+        let mut router = Owned {
+            cluster: &self,
+            conn,
+            clone_to: None,
+            here_next: false,
+        };
+        let mut preread = BytesMut::new();
+        loop {
+            let out = conn::serve_routed(&ctx, stream, stop.clone(), preread, &mut router).await;
+            let (s, rest) = match out {
+                conn::Outcome::Closed(_) => break,
+                conn::Outcome::Moved { stream, rest, .. } => (stream, rest),
+            };
+            let Some(peer) = router.clone_to.take() else {
+                // (The router asks for the connection only to clone it.)
+                break;
+            };
+            self.stats.outstanding.fetch_add(1, Relaxed);
+            let cloned = self.clone_to(&peer, s, rest).await;
+            let done = || self.stats.outstanding.fetch_sub(1, Relaxed);
+            match cloned {
+                Cloned::Back(s, rest) => {
+                    self.post(conn, peer.id, Outcome::ok(200, 0, false));
+                    done();
+                    stream = s;
+                    preread = rest;
+                }
+                Cloned::Here(s, rest, why) => {
+                    self.stats.count_fallback(why);
+                    tracing::debug!(peer = %peer.name, reason = why.label(), "clone fell back to serving here");
+                    self.post(conn, peer.id, Outcome::failed());
+                    done();
+                    router.here_next = true;
+                    stream = s;
+                    preread = rest;
+                }
+                Cloned::Ended => {
+                    self.post(conn, peer.id, Outcome::failed());
+                    done();
+                    break;
+                }
+            }
+        }
+        self.owners.lock().policy.connection_end(conn, self.now());
+    }
+
+    fn post(&self, conn: ConnId, node: NodeId, outcome: Outcome) {
+        let now = self.now();
+        self.owners
+            .lock()
+            .policy
+            .post_request(conn, node, &outcome, now);
+    }
+
+    /// Clone `stream` to `peer` with `rest` (the request it owns, and anything after it) and
+    /// wait until the connection comes back.
+    async fn clone_to(&self, peer: &Peer, stream: TcpStream, rest: BytesMut) -> Cloned {
+        if !peer.link.is_up() {
+            return Cloned::Here(stream, rest, Fallback::ControlDown);
+        }
+        if rest.len() > MAX_PREREAD {
+            return Cloned::Here(stream, rest, Fallback::TooMuchRead);
+        }
+        let (Ok(client), Ok(local)) = (stream.peer_addr(), stream.local_addr()) else {
+            // Not connected any more: nothing to serve.
+            return Cloned::Ended;
+        };
+        let Ok(fd) = stream.as_fd().try_clone_to_owned() else {
+            return Cloned::Here(stream, rest, Fallback::NoDescriptor);
+        };
+        let id = self.next_id.fetch_add(1, Relaxed);
+        let (tx, back) = oneshot::channel();
+        // Registered before the Create leaves: the hand-back may follow the Accepted at once.
+        peer.returns.lock().insert(id, tx);
+        let create = Message::Create {
+            id,
+            client,
+            local,
+            transfer: Transfer::Fd,
+            preread: rest.to_vec(),
+            route: Routing::Once,
+        };
+        let started = Instant::now();
+        let outcome = link::offer(&peer.link, id, id, (), create, Some(fd), self.mover).await;
+        match outcome {
+            Moved::Moved { .. } => {
+                self.stats
+                    .clone_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                peer.stats.clones.fetch_add(1, Relaxed);
+                // The owner has the socket; this copy is closed without a word.
+                drop(stream);
+                match back.await.unwrap_or(Return::Lost) {
+                    Return::Back { fd, preread } => {
+                        peer.stats.hand_backs.fetch_add(1, Relaxed);
+                        match restream(fd) {
+                            Ok(s) => Cloned::Back(s, BytesMut::from(&preread[..])),
+                            Err(e) => {
+                                tracing::warn!(peer = %peer.name, error = %e, "cannot take a connection back");
+                                peer.stats.lost.fetch_add(1, Relaxed);
+                                Cloned::Ended
+                            }
+                        }
+                    }
+                    Return::Closed => {
+                        peer.stats.closed.fetch_add(1, Relaxed);
+                        Cloned::Ended
+                    }
+                    Return::Lost => {
+                        peer.stats.lost.fetch_add(1, Relaxed);
+                        Cloned::Ended
+                    }
+                }
+            }
+            Moved::TakeBack(why) => {
+                peer.returns.lock().remove(&id);
+                let f = match why {
+                    TakeBackReason::NotSent => Fallback::ControlDown,
+                    TakeBackReason::Refused(_) | TakeBackReason::Cancelled(_) => Fallback::Refused,
+                    TakeBackReason::ControlEnded => Fallback::ControlEnded,
+                };
+                Cloned::Here(stream, rest, f)
+            }
+            Moved::Abandon(why) => {
+                peer.returns.lock().remove(&id);
+                peer.stats.lost.fetch_add(1, Relaxed);
+                tracing::warn!(peer = %peer.name, id, reason = why.label(), "clone abandoned: the connection is closed unanswered");
+                drop(stream);
+                Cloned::Ended
+            }
+        }
+    }
+}
+
+/// What became of a clone.
+enum Cloned {
+    /// The owner served its request and gave the connection back.
+    Back(TcpStream, BytesMut),
+    /// The owner did not take it: serve the request here.
+    Here(TcpStream, BytesMut, Fallback),
+    /// The connection is over (closed at the owner, lost, or abandoned).
+    Ended,
+}
+
+/// A socket taken back, registered on the current runtime.
+fn restream(fd: OwnedFd) -> std::io::Result<TcpStream> {
+    let std = std::net::TcpStream::from(fd);
+    std.set_nonblocking(true)?;
+    TcpStream::from_std(std)
+}
+
+/// The router of a connection accepted in cooperative mode: the owner map decides.
+struct Owned<'a> {
+    cluster: &'a Cluster,
+    conn: ConnId,
+    /// The peer the request just routed goes to.
+    clone_to: Option<Arc<Peer>>,
+    /// The owner did not take the request: serve it here without asking the map again.
+    here_next: bool,
+}
+
+impl Router for Owned<'_> {
+    fn asks(&self) -> bool {
+        false
+    }
+
+    async fn route(&mut self, head: &RequestHead) -> Step {
+        if std::mem::take(&mut self.here_next) {
+            return Step::Local { dispatched: false };
+        }
+        let c = self.cluster;
+        let req = Request {
+            conn: self.conn,
+            method: &head.method_token,
+            host: head.host.as_deref(),
+            target: &head.target,
+            size_hint: None,
+        };
+        let now = c.now();
+        let owner = {
+            let mut o = c.owners.lock();
+            match o.policy.select(&req, now) {
+                Ok(d) => o.index.get(&d.node()).copied(),
+                Err(_) => None,
+            }
+        };
+        match owner.and_then(|i| c.peers[i].clone()) {
+            Some(peer) => {
+                self.clone_to = Some(peer);
+                Step::HandBack
+            }
+            None => {
+                if owner.is_some() {
+                    c.stats.owned.fetch_add(1, Relaxed);
+                }
+                Step::Local {
+                    dispatched: owner.is_some(),
+                }
+            }
+        }
+    }
+
+    fn answered(&mut self, status: u16, bytes: u64) {
+        let c = self.cluster;
+        c.post(
+            self.conn,
+            member_id(c.name()),
+            Outcome::ok(status, bytes, false),
+        );
+    }
+
+    fn flushed(&mut self) {}
+}
+
+/// Keep the control connection to `peer` up until `stop`.
+async fn run_link(cluster: Arc<Cluster>, peer: Arc<Peer>, mut stop: watch::Receiver<bool>) {
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let connected = tokio::time::timeout(Duration::from_secs(2), peer.addr.connect()).await;
+        let result = match connected {
+            Ok(Ok(io)) => {
+                backoff = Duration::from_millis(20);
+                tokio::select! {
+                    r = session(&cluster, &peer, io) => r,
+                    _ = stop.wait_for(|s| *s) => Ok(()),
+                }
+            }
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("connect timed out".into()),
+        };
+        let was_up = peer.link.is_up();
+        for (_, p) in peer.link.close() {
+            // A Unix control stream that ended has delivered everything the peer wrote; a
+            // failure may have lost frames.
+            let _ = p.tx.send(if result.is_ok() {
+                switchyard_handoff::mover::Event::ControlEnded
+            } else {
+                switchyard_handoff::mover::Event::ControlFailed
+            });
+        }
+        let held: Vec<_> = peer.returns.lock().drain().collect();
+        for (_, tx) in held {
+            let _ = tx.send(Return::Lost);
+        }
+        if was_up {
+            cluster.set_peer_up(&peer, false);
+            tracing::warn!(peer = %peer.name, control = %peer.addr, error = ?result.err(), "peer down: its targets move to the others");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// One control connection to a peer: `Hello` both ways, then the peer's answers and reports
+/// until it ends (`Ok`: cleanly, everything it wrote was read).
+async fn session(
+    cluster: &Cluster,
+    peer: &Peer,
+    (mut reader, writer): (ControlReader, switchyard_handoff::fdpass::ControlWriter),
+) -> Result<(), String> {
+    let link = &peer.link;
+    let ready = link.open(switchyard_handoff::fdpass::ControlSink::new(writer));
+    let hello = Message::Hello {
+        name: cluster.name().to_owned(),
+    };
+    if !link.write(&hello, None) {
+        return Err("cannot send Hello".into());
+    }
+    let flush = link.run_flusher(ready);
+    let read = async {
+        let mut hello = false;
+        loop {
+            let (m, fd) = match reader.recv().await {
+                Ok(Some(x)) => x,
+                Ok(None) => return Ok(()),
+                Err(e)
+                    if matches!(&e, switchyard_handoff::HandoffError::Io { source, .. }
+                    if source.kind() == std::io::ErrorKind::ConnectionReset) =>
+                {
+                    return Ok(())
+                }
+                Err(e) => return Err(e.to_string()),
+            };
+            if !hello {
+                let Message::Hello { name } = &m else {
+                    return Err("expected Hello first".into());
+                };
+                if *name != peer.name {
+                    tracing::warn!(peer = %peer.name, answered = %name, "peer answered under another name");
+                }
+                hello = true;
+                link.set_up();
+                cluster.set_peer_up(peer, true);
+                UP.notify_waiters();
+                tracing::info!(peer = %peer.name, control = %peer.addr, "peer up");
+                continue;
+            }
+            on_message(peer, m, fd);
+        }
+    };
+    tokio::select! { r = flush => r, r = read => r }
+}
+
+/// Notified whenever some peer's link comes up.
+static UP: Notify = Notify::const_new();
+
+fn on_message(peer: &Peer, m: Message, fd: Option<OwnedFd>) {
+    use switchyard_handoff::mover::Event;
+    match m {
+        Message::Accepted { id } => {
+            if let Some(p) = peer.link.answer(id) {
+                let _ = p.tx.send(Event::Accepted);
+            }
+        }
+        Message::Drop { id, reason, .. } => match peer.link.answer(id) {
+            Some(p) => {
+                let _ = p.tx.send(Event::Dropped(reason));
+            }
+            // Lost after it was accepted.
+            None => peer.give_back(id, Return::Lost),
+        },
+        Message::HandBack { id, preread, .. } => match fd {
+            Some(fd) => peer.give_back(id, Return::Back { fd, preread }),
+            None => {
+                tracing::warn!(peer = %peer.name, id, "hand-back without a descriptor");
+                peer.give_back(id, Return::Lost);
+            }
+        },
+        Message::Closed { id, .. } => peer.give_back(id, Return::Closed),
+        Message::Route { id, seq, .. } => {
+            // A clone never asks; answer anyway so that the peer does not wait.
+            peer.link.send(
+                &Message::Routed {
+                    id,
+                    seq,
+                    action: RouteAction::Serve,
+                },
+                None,
+            );
+        }
+        Message::Ping { nonce } => {
+            peer.link.send(&Message::Pong { nonce }, None);
+        }
+        Message::Served { .. } | Message::Pong { .. } | Message::Hello { .. } => {}
+        other => {
+            tracing::debug!(peer = %peer.name, id = ?other.id(), "unexpected control message ignored");
+        }
+    }
+}
+
+/// Wait until every peer's control connection is up, or `timeout` passes.
+pub(crate) async fn wait_for_peers(cluster: &Cluster, timeout: Duration) -> bool {
+    let all_up = async {
+        loop {
+            let mut n = std::pin::pin!(UP.notified());
+            n.as_mut().enable();
+            if cluster.peers().all(|p| p.is_up()) {
+                return;
+            }
+            n.await;
+        }
+    };
+    tokio::time::timeout(timeout, all_up).await.is_ok()
+}
+
+/// Register the cluster's metrics into `registry`.
+pub(crate) fn register(
+    registry: &mut prometheus_client::registry::Registry,
+    cluster: Arc<Cluster>,
+) {
+    registry.register(
+        "switchyard_node_clone_seconds",
+        "Time from a clone's Create to its owner's Accepted",
+        cluster.stats.clone_seconds.clone(),
+    );
+    registry.register_collector(Box::new(ClusterCollector(cluster)));
+}
+
+#[derive(Debug)]
+struct ClusterCollector(Arc<Cluster>);
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("name", &self.name())
+            .finish_non_exhaustive()
+    }
+}
+
+impl prometheus_client::collector::Collector for ClusterCollector {
+    fn encode(
+        &self,
+        mut enc: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use switchyard_admin::encode::{counter, gauge, labelled};
+        let c = &self.0;
+        let per_peer = |f: fn(&PeerStats) -> &AtomicU64| {
+            c.peers()
+                .map(move |p| (p.name.clone(), f(&p.stats).load(Relaxed)))
+                .collect::<Vec<_>>()
+        };
+        gauge(
+            &mut enc,
+            "switchyard_node_cluster_peers_up",
+            "Peers whose control connection is up",
+            c.peers().filter(|p| p.is_up()).count() as i64,
+        )?;
+        labelled(
+            &mut enc,
+            "switchyard_node_clones_out",
+            "Connections cloned to their owner (accepted), by peer",
+            "peer",
+            true,
+            per_peer(|s| &s.clones),
+        )?;
+        labelled(
+            &mut enc,
+            "switchyard_node_clone_hand_backs",
+            "Clones given back by their owner, by peer",
+            "peer",
+            true,
+            per_peer(|s| &s.hand_backs),
+        )?;
+        labelled(
+            &mut enc,
+            "switchyard_node_clones_closed",
+            "Clones the client closed while their owner served them, by peer",
+            "peer",
+            true,
+            per_peer(|s| &s.closed),
+        )?;
+        labelled(
+            &mut enc,
+            "switchyard_node_clones_lost",
+            "Clones lost with their owner's control connection or abandoned, by peer",
+            "peer",
+            true,
+            per_peer(|s| &s.lost),
+        )?;
+        labelled(
+            &mut enc,
+            "switchyard_node_clone_fallbacks",
+            "Requests owned by a peer served here after all, by reason",
+            "reason",
+            true,
+            c.stats.fallbacks().map(|(l, n)| (l.to_owned(), n)),
+        )?;
+        gauge(
+            &mut enc,
+            "switchyard_node_clones_outstanding",
+            "Requests cloned to their owners and not finished yet",
+            c.stats.outstanding.load(Relaxed) as i64,
+        )?;
+        counter(
+            &mut enc,
+            "switchyard_node_cluster_owned_requests",
+            "Requests served here because this node owns them",
+            c.stats.owned.load(Relaxed),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Member;
+
+    fn cfg(name: &str, n: usize) -> ClusterConfig {
+        let members = (0..n)
+            .map(|i| Member {
+                name: format!("n{i}"),
+                control: ControlAddr::Unix(format!("/tmp/none-{i}.sock").into()),
+            })
+            .collect();
+        ClusterConfig::new(name, members)
+    }
+
+    #[test]
+    fn every_member_computes_the_same_owners() {
+        let a = Cluster::new(&cfg("n0", 3)).unwrap();
+        let b = Cluster::new(&cfg("n2", 3)).unwrap();
+        for c in [&a, &b] {
+            for p in c.peers() {
+                c.set_peer_up(p, true);
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..200 {
+            let t = format!("/file{i}.html");
+            let (oa, ob) = (a.owner_of(&t).unwrap(), b.owner_of(&t).unwrap());
+            assert_eq!(oa, ob, "{t}");
+            seen.insert(oa.to_owned());
+        }
+        assert_eq!(seen.len(), 3, "every member owns some targets");
+    }
+
+    #[test]
+    fn a_peer_down_moves_only_its_targets() {
+        let c = Cluster::new(&cfg("n0", 3)).unwrap();
+        for p in c.peers() {
+            c.set_peer_up(p, true);
+        }
+        let targets: Vec<String> = (0..300).map(|i| format!("/t/{i}")).collect();
+        let before: Vec<String> = targets
+            .iter()
+            .map(|t| c.owner_of(t).unwrap().to_owned())
+            .collect();
+        let n1 = c.peers().find(|p| p.name == "n1").unwrap().clone();
+        c.set_peer_up(&n1, false);
+        for (t, b) in targets.iter().zip(&before) {
+            let now = c.owner_of(t).unwrap();
+            if b == "n1" {
+                assert_ne!(now, "n1");
+            } else {
+                assert_eq!(now, b, "{t} moved though its owner stayed up");
+            }
+        }
+    }
+
+    #[test]
+    fn peers_start_down_so_everything_is_owned_here() {
+        let c = Cluster::new(&cfg("n1", 3)).unwrap();
+        for i in 0..50 {
+            assert_eq!(c.owner_of(&format!("/{i}")), Some("n1"));
+        }
+    }
+
+    #[test]
+    fn bad_tables_are_refused() {
+        let mut c = cfg("n9", 2);
+        assert!(Cluster::new(&c).is_err(), "not a member");
+        c.name = "n0".into();
+        c.members.push(c.members[0].clone());
+        assert!(Cluster::new(&c).is_err(), "duplicate");
+        let mut c = cfg("n0", 2);
+        c.members[1].control = ControlAddr::Tcp("10.0.0.2:7000".parse().unwrap());
+        let e = Cluster::new(&c).err().unwrap().to_string();
+        assert!(e.contains("another host"), "{e}");
+    }
+
+    #[test]
+    fn member_ids_are_fixed() {
+        // FNV-1a test vectors: the ids must never change between builds.
+        assert_eq!(member_id("").0, 0x811c_9dc5);
+        assert_eq!(member_id("a").0, 0xe40c_292c);
+        assert_eq!(member_id("foobar").0, 0xbf9c_f968);
+    }
+}

@@ -1,0 +1,295 @@
+//! Cooperative mode over real sockets: three nodes on one host, no front end. Each node's
+//! document root holds the same file names with its own name in the bodies, so every response
+//! says which node served it.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::time::Duration;
+
+use common::{eventually, pattern, write, Client, TestNode};
+use switchyard_handoff::link::ControlAddr;
+use switchyard_node::{ClusterConfig, Member};
+
+const WAIT: Duration = Duration::from_secs(10);
+const TARGETS: usize = 30;
+const BIG: usize = 5 << 20;
+
+/// Node `i`'s content: `/tN.txt` says `nI:tN`, `/big.bin` is 5 MB of a pattern seeded by `i`.
+fn fill(i: usize) -> impl FnOnce(&std::path::Path) {
+    move |root| {
+        for t in 0..TARGETS {
+            write(root, &format!("t{t}.txt"), format!("n{i}:t{t}").as_bytes());
+        }
+        write(root, "big.bin", &pattern(BIG, i as u8 + 1));
+    }
+}
+
+struct Cluster {
+    nodes: Vec<Option<TestNode>>,
+    _sockets: tempfile::TempDir,
+}
+
+impl Cluster {
+    fn start(n: usize) -> Cluster {
+        let sockets = tempfile::tempdir().unwrap();
+        let members: Vec<Member> = (0..n)
+            .map(|i| Member {
+                name: format!("n{i}"),
+                control: ControlAddr::Unix(sockets.path().join(format!("n{i}.sock"))),
+            })
+            .collect();
+        let nodes: Vec<Option<TestNode>> = (0..n)
+            .map(|i| {
+                Some(TestNode::start(fill(i), |c| {
+                    c.workers = 2;
+                    c.cluster = Some(ClusterConfig::new(format!("n{i}"), members.clone()));
+                }))
+            })
+            .collect();
+        for t in nodes.iter().flatten() {
+            let up = t.rt.block_on(t.node.as_ref().unwrap().wait_for_peers(WAIT));
+            assert!(up, "every peer's control connection comes up");
+        }
+        Cluster {
+            nodes,
+            _sockets: sockets,
+        }
+    }
+
+    fn node(&self, i: usize) -> &TestNode {
+        self.nodes[i].as_ref().expect("a running node")
+    }
+
+    fn client(&self, i: usize) -> Client {
+        self.node(i).client()
+    }
+
+    /// The sum of every series of a labelled counter on node `i`.
+    fn total(&self, i: usize, family: &str) -> f64 {
+        self.node(i)
+            .metrics()
+            .lines()
+            .filter(|l| l.starts_with(family) && !l.starts_with('#'))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+/// Who served `/tN.txt`, from the body.
+fn served_by(body: &[u8], t: usize) -> String {
+    let s = String::from_utf8_lossy(body);
+    let (who, what) = s
+        .split_once(':')
+        .unwrap_or_else(|| panic!("odd body {s:?}"));
+    assert_eq!(what, format!("t{t}"), "the body of the target asked for");
+    who.to_owned()
+}
+
+/// Serves every target once through each node's one keep-alive connection; returns the owner
+/// of each target, checking that all entry nodes agree.
+fn owners(c: &Cluster, entries: &[usize]) -> Vec<String> {
+    let mut map: Vec<Option<String>> = vec![None; TARGETS];
+    for &e in entries {
+        let mut client = c.client(e);
+        for (t, owner) in map.iter_mut().enumerate() {
+            let r = client.get(&format!("/t{t}.txt"));
+            assert_eq!(r.status, 200);
+            let who = served_by(&r.body, t);
+            match owner {
+                Some(o) => assert_eq!(*o, who, "t{t}: entry n{e} disagrees on the owner"),
+                None => *owner = Some(who),
+            }
+        }
+    }
+    map.into_iter().map(Option::unwrap).collect()
+}
+
+#[test]
+fn requests_on_one_connection_are_each_served_by_their_owner() {
+    let c = Cluster::start(3);
+    let map = owners(&c, &[0, 1, 2]);
+    let distinct: std::collections::HashSet<&String> = map.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        3,
+        "every node owns some of 30 targets: {map:?}"
+    );
+    // Every node cloned the requests it does not own, and took each connection back.
+    for i in 0..3 {
+        let foreign = map.iter().filter(|o| **o != format!("n{i}")).count() as f64;
+        assert_eq!(
+            c.total(i, "switchyard_node_clones_out_total"),
+            foreign,
+            "n{i}"
+        );
+        assert_eq!(
+            c.total(i, "switchyard_node_clone_hand_backs_total"),
+            foreign,
+            "n{i}"
+        );
+        assert_eq!(c.total(i, "switchyard_node_clone_fallbacks_total"), 0.0);
+    }
+    let clones_in: f64 = (0..3)
+        .map(|i| c.total(i, "switchyard_node_clones_in_total"))
+        .sum();
+    let clones_out: f64 = (0..3)
+        .map(|i| c.total(i, "switchyard_node_clones_out_total"))
+        .sum();
+    assert_eq!(clones_in, clones_out);
+}
+
+#[test]
+fn pipelined_requests_are_answered_in_order_by_their_owners() {
+    let c = Cluster::start(3);
+    let map = owners(&c, &[0]);
+    let mut client = c.client(1);
+    for batch in (0..TARGETS).collect::<Vec<_>>().chunks(8) {
+        let mut req = Vec::new();
+        for t in batch {
+            req.extend_from_slice(
+                format!("GET /t{t}.txt HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes(),
+            );
+        }
+        client.send(&req);
+        for &t in batch {
+            let r = client.response(false);
+            assert_eq!(r.status, 200);
+            assert_eq!(served_by(&r.body, t), map[t], "t{t} in a pipelined batch");
+        }
+    }
+}
+
+#[test]
+fn a_large_body_and_http_1_0_go_through_a_clone() {
+    let c = Cluster::start(3);
+    // The owner of /big.bin, then an entry node that is not its owner.
+    let mut probe = c.client(0);
+    let r = probe.get("/big.bin");
+    assert_eq!(r.body.len(), BIG);
+    let owner = (0..3)
+        .find(|&i| r.body == pattern(BIG, i as u8 + 1))
+        .expect("the body of one node");
+    let entry = (owner + 1) % 3;
+    let mut client = c.client(entry);
+    for _ in 0..2 {
+        let r = client.get("/big.bin");
+        assert_eq!(r.status, 200);
+        assert!(
+            r.body == pattern(BIG, owner as u8 + 1),
+            "5 MB from the owner n{owner}"
+        );
+        // The connection came back: a small request after it is routed again.
+        let r = client.get("/t0.txt");
+        assert_eq!(r.status, 200);
+    }
+
+    // HTTP/1.0 without keep-alive: the owner answers and closes.
+    let map = owners(&c, &[entry]);
+    let t = (0..TARGETS)
+        .find(|&t| map[t] != format!("n{entry}"))
+        .unwrap();
+    // The entry node's own view of in-flight requests (bounded loads) must be back to zero,
+    // or the owner it picks may be another: the last clone of the probe finishes at the entry
+    // node only after the client has its response.
+    let quiet = || c.total(entry, "switchyard_node_clones_outstanding") == 0.0;
+    assert!(eventually(WAIT, quiet));
+    let mut s = std::net::TcpStream::connect(c.node(entry).addr).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    std::io::Write::write_all(&mut s, format!("GET /t{t}.txt HTTP/1.0\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut all = Vec::new();
+    s.read_to_end(&mut all).unwrap();
+    let text = String::from_utf8_lossy(&all);
+    assert!(
+        text.starts_with("HTTP/1.0 200") || text.starts_with("HTTP/1.1 200"),
+        "{text}"
+    );
+    assert!(text.ends_with(&format!("{}:t{t}", map[t])), "{text}");
+    // The clone ended at its owner; the entry node hears of it (and counts the owner's
+    // request finished) after the client has seen the end.
+    assert!(eventually(WAIT, || c
+        .total(entry, "switchyard_node_clones_closed_total")
+        >= 1.0));
+    // HTTP/1.0 keep-alive: two requests, both owners'.
+    assert!(eventually(WAIT, quiet));
+    let mut client = c.client(entry);
+    for _ in 0..2 {
+        client.send(format!("GET /t{t}.txt HTTP/1.0\r\nConnection: keep-alive\r\n\r\n").as_bytes());
+        let r = client.response(false);
+        assert_eq!(served_by(&r.body, t), map[t]);
+    }
+    assert_eq!(c.total(entry, "switchyard_node_clones_lost_total"), 0.0);
+}
+
+#[test]
+fn a_peer_that_stops_loses_only_its_targets_and_no_other_connection() {
+    let mut c = Cluster::start(3);
+    let map = owners(&c, &[0]);
+    let mut keep = c.client(0);
+    assert_eq!(keep.get("/t0.txt").status, 200);
+    // n2 goes away.
+    drop(c.nodes[2].take());
+    assert!(eventually(WAIT, || {
+        c.total(0, "switchyard_node_cluster_peers_up") == 1.0
+            && c.total(1, "switchyard_node_cluster_peers_up") == 1.0
+    }));
+    // The open connection on n0 goes on; every target is served, n2's by someone else, the
+    // others by their old owners.
+    let mut moved: HashMap<usize, String> = HashMap::new();
+    let mut other = c.client(1);
+    for client in [&mut keep, &mut other] {
+        for (t, old) in map.iter().enumerate() {
+            let r = client.get(&format!("/t{t}.txt"));
+            assert_eq!(r.status, 200);
+            let who = served_by(&r.body, t);
+            if old == "n2" {
+                assert_ne!(who, "n2");
+                if let Some(m) = moved.insert(t, who.clone()) {
+                    assert_eq!(m, who, "t{t}: n0 and n1 agree on its new owner");
+                }
+            } else {
+                assert_eq!(&who, old, "t{t} moved though its owner stayed");
+            }
+        }
+    }
+    assert!(!moved.is_empty(), "n2 owned some targets");
+}
+
+#[test]
+fn thousands_of_cloned_requests_without_an_error() {
+    let c = Cluster::start(3);
+    let map = owners(&c, &[0]);
+    let addrs: Vec<_> = (0..3).map(|i| c.node(i).addr).collect();
+    let per_thread = 2_500;
+    let threads: Vec<_> = (0..4)
+        .map(|k| {
+            let addr = addrs[k % 3];
+            let map = map.clone();
+            std::thread::spawn(move || {
+                let mut client = Client::connect(addr);
+                for n in 0..per_thread {
+                    let t = (n * 7 + k) % TARGETS;
+                    let r = client.try_get(&format!("/t{t}.txt")).expect("an answer");
+                    assert_eq!(r.status, 200);
+                    // Concurrent requests may spill over from a busy owner (bounded loads):
+                    // the body must be the target's, from some member.
+                    let who = served_by(&r.body, t);
+                    assert!(map.contains(&who), "{who}");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let clones: f64 = (0..3)
+        .map(|i| c.total(i, "switchyard_node_clones_out_total"))
+        .sum();
+    assert!(clones > 5_000.0, "most requests were cloned: {clones}");
+    for i in 0..3 {
+        assert_eq!(c.total(i, "switchyard_node_clones_lost_total"), 0.0);
+        assert_eq!(c.total(i, "switchyard_node_clone_fallbacks_total"), 0.0);
+    }
+}
