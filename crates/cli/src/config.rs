@@ -12,6 +12,8 @@ use switchyard_node::NodeConfig;
 pub struct FileConfig {
     /// `[node]`: the back-end web server.
     pub node: Option<NodeConfig>,
+    /// `[cluster]`: the members of a cooperative cluster (`switchyard node --cooperative`).
+    pub cluster: Option<switchyard_node::ClusterConfig>,
     /// `[switch]`: the layer-7 switch.
     pub switch: Option<switchyard_switch::SwitchConfig>,
     /// `[log]`: logging.

@@ -57,6 +57,11 @@ pub struct DemoArgs {
     /// backend-forwarding.
     #[arg(long, value_enum, default_value = "auto")]
     pub persistent: Persistent,
+    /// Cooperative mode: no switch; the node processes share the site's port (the kernel
+    /// spreads connections over them) and move each connection to the node that owns the
+    /// request, which answers and gives it back.
+    #[arg(long)]
+    pub cooperative: bool,
 }
 
 /// What [`generate_site`] wrote.
@@ -129,27 +134,28 @@ struct NodeProcess {
 impl NodeProcess {
     /// Start `switchyard node` on free loopback ports and wait until it
     /// says where it serves.
-    fn spawn(root: &Path, cache_bytes: u64, control: &Path) -> anyhow::Result<NodeProcess> {
+    fn spawn(
+        root: &Path,
+        cache_bytes: u64,
+        listen: SocketAddr,
+        control: &Path,
+        extra: &[String],
+    ) -> anyhow::Result<NodeProcess> {
         let exe = std::env::current_exe().context("cannot find the switchyard binary")?;
         let mut cmd = Command::new(exe);
-        cmd.args([
-            "--log-format",
-            "text",
-            "node",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin",
-            "127.0.0.1:0",
-        ])
-        .arg("--root")
-        .arg(root)
-        .args(["--cache-bytes", &cache_bytes.to_string(), "--workers", "1"])
-        .arg("--handoff-unix")
-        .arg(control)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+        cmd.args(["--log-format", "text", "node", "--admin", "127.0.0.1:0"])
+            .arg("--listen")
+            .arg(listen.to_string())
+            .arg("--root")
+            .arg(root)
+            .args(["--cache-bytes", &cache_bytes.to_string(), "--workers", "1"])
+            .arg("--handoff-unix")
+            .arg(control)
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
         // A node must not outlive the demo, however the demo ends: the
         // kernel sends it SIGTERM when the demo's main thread exits.
         // SAFETY: the closure runs in the child between fork and exec and
@@ -264,11 +270,15 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         .prefix("switchyard-demo-ctl-")
         .tempdir()
         .context("cannot create a directory for the nodes' control sockets")?;
+    if args.cooperative {
+        return run_cooperative(&args, &dir, &site, sockets.path()).map(|()| drop((sockets, tmp)));
+    }
     let mut nodes = Vec::new();
     let mut entries = Vec::new();
     for i in 0..args.nodes {
         let control = sockets.path().join(format!("node{i}.sock"));
-        let n = NodeProcess::spawn(&dir, args.cache_bytes, &control)?;
+        let any: SocketAddr = ([127, 0, 0, 1], 0).into();
+        let n = NodeProcess::spawn(&dir, args.cache_bytes, any, &control, &[])?;
         entries.push(NodeEntry {
             control: Some(ControlAddr::Unix(control)),
             ..NodeEntry::new(n.addr)
@@ -332,6 +342,68 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     }
     drop(sockets);
     drop(tmp);
+    Ok(())
+}
+
+/// The cooperative demo: `args.nodes` node processes on one port, no switch.
+fn run_cooperative(
+    args: &DemoArgs,
+    dir: &Path,
+    site: &SiteSummary,
+    sockets: &Path,
+) -> anyhow::Result<()> {
+    if args.listen.port() == 0 {
+        anyhow::bail!("--cooperative needs a fixed --listen port: every node shares it");
+    }
+    let control = |i: usize| sockets.join(format!("node{i}.sock"));
+    let mut members = Vec::new();
+    for i in 0..args.nodes {
+        members.push("--member".to_owned());
+        members.push(format!("n{}=unix:{}", i + 1, control(i).display()));
+    }
+    let mut nodes = Vec::new();
+    for i in 0..args.nodes {
+        let mut extra = vec![
+            "--cooperative".to_owned(),
+            "--name".to_owned(),
+            format!("n{}", i + 1),
+        ];
+        extra.extend(members.iter().cloned());
+        let n = NodeProcess::spawn(dir, args.cache_bytes, args.listen, &control(i), &extra)
+            .with_context(|| {
+                format!("node n{} did not start (is {} in use?)", i + 1, args.listen)
+            })?;
+        nodes.push(n);
+    }
+    let rt = runtime::build(1)?;
+    rt.block_on(async {
+        let mut out = std::io::stdout().lock();
+        let what = if args.root.is_some() { "the site" } else { "a generated site" };
+        writeln!(
+            out,
+            "switchyard demo: {} cooperative node processes, no switch, sharing one port and moving each \
+             connection to the node that owns the request; serving {what} ({} files, {:.1} MB; each node caches {:.1} MB) from {}",
+            nodes.len(),
+            site.files,
+            site.bytes as f64 / 1e6,
+            args.cache_bytes as f64 / 1e6,
+            dir.display()
+        )?;
+        writeln!(out, "  site:    http://{}/", args.listen)?;
+        for (i, n) in nodes.iter().enumerate() {
+            writeln!(out, "  metrics: http://{}/metrics   (node n{})", n.admin, i + 1)?;
+        }
+        writeln!(out, "  try:     curl -i http://{}/pages/p1.html", args.listen)?;
+        writeln!(out, "Press Ctrl-C to stop.")?;
+        out.flush()?;
+        drop(out);
+        let why = runtime::stop_signal(args.duration.map(Duration::from_secs)).await;
+        tracing::info!(reason = why, "demo stopping");
+        anyhow::Ok(())
+    })?;
+    for n in nodes {
+        n.stop();
+    }
     Ok(())
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use switchyard_node::NodeConfig;
+use switchyard_node::{ClusterConfig, Member, NodeConfig};
 
 use crate::config::FileConfig;
 use crate::runtime;
@@ -51,9 +51,59 @@ pub struct NodeArgs {
     /// not reset, while connections are restored (installs an nftables rule; CAP_NET_ADMIN).
     #[arg(long, value_name = "ADDR")]
     pub handoff_vip: Option<SocketAddr>,
+    /// Cooperative mode (no switch): requests owned by other members of the `[cluster]`
+    /// table move there with their connection and come back once answered.
+    #[arg(long)]
+    pub cooperative: bool,
+    /// This node's name among the members of the cluster (overrides `[cluster] name`).
+    #[arg(long, requires = "cooperative")]
+    pub name: Option<String>,
+    /// A member of the cluster as NAME=CONTROL (CONTROL: unix:PATH); repeat for every member,
+    /// this node included. Replaces the members of `[cluster]`.
+    #[arg(long = "member", value_name = "NAME=CONTROL", requires = "cooperative")]
+    pub members: Vec<String>,
     /// Seconds to wait for open connections on shutdown.
     #[arg(long, default_value_t = 10)]
     pub drain_secs: u64,
+}
+
+/// Parses `NAME=CONTROL`.
+fn member(s: &str) -> anyhow::Result<Member> {
+    let (name, control) = s
+        .split_once('=')
+        .with_context(|| format!("--member {s}: want NAME=CONTROL"))?;
+    let control = control
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--member {s}: {e}"))?;
+    Ok(Member {
+        name: name.to_owned(),
+        control,
+    })
+}
+
+/// The cluster this node joins: `[cluster]` with the flags over it.
+fn cluster(args: &NodeArgs, file: &FileConfig) -> anyhow::Result<ClusterConfig> {
+    let mut c = file
+        .cluster
+        .clone()
+        .unwrap_or_else(|| ClusterConfig::new(String::new(), Vec::new()));
+    if !args.members.is_empty() {
+        c.members = args
+            .members
+            .iter()
+            .map(|m| member(m))
+            .collect::<anyhow::Result<_>>()?;
+    }
+    if let Some(n) = &args.name {
+        c.name = n.clone();
+    }
+    if c.members.is_empty() {
+        anyhow::bail!(
+            "--cooperative needs the members: a [cluster] table or --member NAME=CONTROL"
+        );
+    }
+    c.validate().map_err(|e| anyhow::anyhow!(e))?;
+    Ok(c)
 }
 
 impl NodeArgs {
@@ -101,7 +151,12 @@ impl NodeArgs {
 
 /// Run a node until SIGINT/SIGTERM.
 pub fn run(args: NodeArgs, file: &FileConfig) -> anyhow::Result<()> {
-    let cfg = args.merge(file.node.clone().unwrap_or_default());
+    let mut cfg = args.merge(file.node.clone().unwrap_or_default());
+    if args.cooperative {
+        cfg.cluster = Some(cluster(&args, file)?);
+    } else if file.cluster.is_some() {
+        tracing::info!("[cluster] is set but --cooperative is not: serving alone");
+    }
     if cfg.root.as_os_str().is_empty() {
         anyhow::bail!("no document root: pass --root DIR or set [node] root in the config file");
     }
@@ -121,6 +176,9 @@ pub fn run(args: NodeArgs, file: &FileConfig) -> anyhow::Result<()> {
         }
         if let Some(a) = node.handoff_addr() {
             eprintln!("switchyard node: handoffs on tcp:{a}");
+        }
+        if args.cooperative && !node.wait_for_peers(Duration::from_secs(5)).await {
+            tracing::warn!("not every peer is up yet: their targets are served here meanwhile");
         }
         let why = runtime::stop_signal(None).await;
         tracing::info!(reason = why, "draining");

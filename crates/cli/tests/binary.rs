@@ -46,6 +46,13 @@ fn main() {
             bad_input_gives_clear_errors();
             Ok(())
         }),
+        Trial::test(
+            stringify!(cooperative_demo_moves_requests_to_their_owners_unprivileged),
+            move || {
+                cooperative_demo_moves_requests_to_their_owners_unprivileged(root);
+                Ok(())
+            },
+        ),
         Trial::test(stringify!(demo_nodes_do_not_outlive_a_killed_demo), || {
             demo_nodes_do_not_outlive_a_killed_demo();
             Ok(())
@@ -118,6 +125,106 @@ fn demo_hands_off_without_any_capability() {
         env!("CARGO_BIN_EXE_switchyard"),
     ]);
     run_demo(cmd);
+}
+
+/// The cooperative demo (no switch, nodes sharing one port) serves the site with connections
+/// moved among the node processes; as root it runs with every capability dropped, since
+/// same-host cloning passes descriptors and needs none.
+fn cooperative_demo_moves_requests_to_their_owners_unprivileged(root: bool) {
+    let mut cmd = if root {
+        let mut c = Command::new("setpriv");
+        c.args([
+            "--bounding-set=-all",
+            "--inh-caps=-all",
+            "--ambient-caps=-all",
+            "--no-new-privs",
+            "--",
+            env!("CARGO_BIN_EXE_switchyard"),
+        ]);
+        c
+    } else {
+        bin()
+    };
+    // The nodes share a fixed port: take one the kernel has free now.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = cmd
+        .args([
+            "demo",
+            "--cooperative",
+            "--nodes",
+            "3",
+            "--admin",
+            "127.0.0.1:0",
+        ])
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--duration", "60"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut run = Running(child);
+    let out = run.0.stdout.take().unwrap();
+    let (mut dir, mut node_metrics) = (None, Vec::new());
+    for line in BufReader::new(out).lines() {
+        let line = line.unwrap();
+        if let Some(u) = line.trim().strip_prefix("metrics:") {
+            node_metrics.push(u.split_whitespace().next().unwrap().to_owned());
+        }
+        if let Some(i) = line.find(" from /") {
+            dir = Some(line[i + 6..].to_owned());
+        }
+        if line.starts_with("Press Ctrl-C") {
+            break;
+        }
+    }
+    let dir = dir.expect("demo printed its directory");
+    assert_eq!(node_metrics.len(), 3, "three nodes' metrics");
+    // One keep-alive connection, twenty pages: each answered with the file's bytes, whichever
+    // node owns it.
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = Vec::new();
+    for p in 1..=20 {
+        let path = format!("/pages/p{p}.html");
+        write!(s, "GET {path} HTTP/1.1\r\nHost: demo\r\n\r\n").unwrap();
+        let r = switchyard_testkit::http::read_response(&mut s, &mut buf).unwrap();
+        assert_eq!(r.status, 200, "{path}");
+        assert_eq!(
+            r.body,
+            std::fs::read(format!("{dir}{path}")).unwrap(),
+            "{path}"
+        );
+    }
+    let sum = |family: &str| -> f64 {
+        node_metrics
+            .iter()
+            .map(|m| {
+                let (_, text) = get(m);
+                String::from_utf8(text)
+                    .unwrap()
+                    .lines()
+                    .filter(|l| l.starts_with(family))
+                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .sum::<f64>()
+            })
+            .sum()
+    };
+    let out = sum("switchyard_node_clones_out_total");
+    assert!(
+        out >= 1.0,
+        "some of twenty pages belong to other nodes than the entry"
+    );
+    assert_eq!(sum("switchyard_node_clones_in_total"), out);
+    // The last clone may come back a moment after its response reached the client.
+    assert!(switchyard_testkit::eventually(
+        Duration::from_secs(5),
+        || { sum("switchyard_node_clone_hand_backs_total") == out }
+    ));
+    let status = term(&mut run.0);
+    assert!(status.success(), "{status:?}");
 }
 
 fn run_demo(mut cmd: Command) {
