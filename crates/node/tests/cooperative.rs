@@ -293,3 +293,186 @@ fn thousands_of_cloned_requests_without_an_error() {
         assert_eq!(c.total(i, "switchyard_node_clone_fallbacks_total"), 0.0);
     }
 }
+
+/// What a scripted peer does with the first `Create` it gets.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Script {
+    /// Answer nothing until the `Cancel`, then `Accepted`, and serve the connection itself.
+    AcceptLate,
+    /// Answer the `Cancel` with `Drop`.
+    DropOnCancel,
+    /// Never answer.
+    Silent,
+}
+
+const FAKE: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\nConnection: close\r\n\r\nFAKE";
+
+/// A peer `n1` that follows `script` on its control socket at `path`; it reports each frame
+/// it reads on `seen` and closes everything once `done` fires.
+fn scripted_peer(
+    path: std::path::PathBuf,
+    script: Script,
+    seen: std::sync::mpsc::Sender<&'static str>,
+    done: tokio::sync::oneshot::Receiver<()>,
+) -> std::thread::JoinHandle<()> {
+    use switchyard_handoff::fdpass::FdConn;
+    use switchyard_handoff::proto::{DropReason, Message};
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::UnixListener::from_std(listener).unwrap();
+            let (s, _) = listener.accept().await.unwrap();
+            let (mut rx, mut tx) = FdConn::new(s).split();
+            let mut held = None;
+            let script_run = async {
+                loop {
+                    let Ok(Some((m, fd))) = rx.recv().await else {
+                        return;
+                    };
+                    match m {
+                        Message::Hello { .. } => {
+                            let hello = Message::Hello { name: "n1".into() };
+                            tx.send(&hello, None).await.unwrap();
+                        }
+                        Message::Create { id, .. } => {
+                            seen.send("create").unwrap();
+                            held = fd.map(|f| (id, f));
+                        }
+                        Message::Cancel { id } => {
+                            seen.send("cancel").unwrap();
+                            match script {
+                                Script::AcceptLate => {
+                                    tx.send(&Message::Accepted { id }, None).await.unwrap();
+                                    let (_, fd) = held.take().unwrap();
+                                    let mut s = std::net::TcpStream::from(fd);
+                                    std::io::Write::write_all(&mut s, FAKE).unwrap();
+                                    let closed = Message::Closed {
+                                        id,
+                                        requests: 1,
+                                        bytes: FAKE.len() as u64,
+                                    };
+                                    tx.send(&closed, None).await.unwrap();
+                                    s.shutdown(std::net::Shutdown::Both).unwrap();
+                                }
+                                Script::DropOnCancel => {
+                                    let d = Message::Drop {
+                                        id,
+                                        reason: DropReason::Cancelled,
+                                        detail: String::new(),
+                                    };
+                                    tx.send(&d, None).await.unwrap();
+                                    held = None;
+                                }
+                                Script::Silent => {}
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            };
+            tokio::select! {
+                _ = script_run => {}
+                _ = done => {}
+            }
+        });
+    })
+}
+
+/// A clone whose answer comes late, or as a `Drop`, or never: the client gets exactly one
+/// answer (or none), never one from each node.
+#[test]
+fn a_clone_answered_late_is_never_served_twice() {
+    for script in [Script::AcceptLate, Script::DropOnCancel, Script::Silent] {
+        let sockets = tempfile::tempdir().unwrap();
+        let members = vec![
+            Member {
+                name: "n0".into(),
+                control: ControlAddr::Unix(sockets.path().join("n0.sock")),
+            },
+            Member {
+                name: "n1".into(),
+                control: ControlAddr::Unix(sockets.path().join("n1.sock")),
+            },
+        ];
+        let (seen_tx, seen) = std::sync::mpsc::channel();
+        let (done, done_rx) = tokio::sync::oneshot::channel();
+        let peer = scripted_peer(sockets.path().join("n1.sock"), script, seen_tx, done_rx);
+        let mut stop_peer = Some(move || {
+            let _ = done.send(());
+            peer.join().unwrap();
+        });
+        let node = TestNode::start(fill(0), |c| {
+            c.workers = 1;
+            let mut cl = ClusterConfig::new("n0", members.clone());
+            cl.clone_timeout_ms = 100;
+            c.cluster = Some(cl);
+        });
+        assert!(node
+            .rt
+            .block_on(node.node.as_ref().unwrap().wait_for_peers(WAIT)));
+        // Requests until one belongs to n1: its Create reaches the scripted peer.
+        let mut t = 0;
+        let mut client = loop {
+            // Either the node serves it (it counts the request as its own) or it clones it.
+            let owned = |n: &TestNode| n.metric("switchyard_node_cluster_owned_requests_total");
+            let before = owned(&node);
+            let mut client = node.client();
+            client.send(
+                format!("GET /t{t}.txt HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+                    .as_bytes(),
+            );
+            let mut cloned = false;
+            assert!(eventually(WAIT, || {
+                cloned = seen.try_recv() == Ok("create");
+                cloned || owned(&node) > before
+            }));
+            if cloned {
+                break client;
+            }
+            // Served here (owned by n0): its own answer.
+            let r = client.response(false);
+            assert_eq!(served_by(&r.body, t), "n0");
+            t += 1;
+            assert!(t < TARGETS, "n1 owns none of the targets");
+        };
+        assert_eq!(
+            seen.recv_timeout(WAIT),
+            Ok("cancel"),
+            "{script:?}: the node cancels"
+        );
+        let mut all = Vec::new();
+        client.stream.set_read_timeout(Some(WAIT)).unwrap();
+        if script == Script::Silent {
+            // Abandoned: the node closed its copy without a word; the peer still holds one.
+            assert!(eventually(WAIT, || node
+                .metric("switchyard_node_clones_lost_total{peer=\"n1\"}")
+                == 1.0));
+            stop_peer.take().unwrap()();
+        }
+        client.stream.read_to_end(&mut all).unwrap();
+        match script {
+            Script::AcceptLate => assert_eq!(all, FAKE, "only the peer answers"),
+            Script::DropOnCancel => {
+                let text = String::from_utf8_lossy(&all);
+                assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+                assert!(
+                    text.ends_with(&format!("n0:t{t}")),
+                    "only this node answers: {text}"
+                );
+                assert_eq!(
+                    node.metric("switchyard_node_clone_fallbacks_total{reason=\"refused\"}"),
+                    1.0
+                );
+            }
+            Script::Silent => assert!(all.is_empty(), "nobody answers: {all:?}"),
+        }
+        if let Some(stop) = stop_peer.take() {
+            stop();
+        }
+    }
+}
