@@ -89,6 +89,28 @@ mod tests {
         assert_eq!(sw.health_path, d.health_path);
     }
 
+    /// The example's commented `[cluster]` table, switched on, is a valid cluster.
+    #[test]
+    fn example_cluster_table_parses() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../switchyard.example.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let start = text.find("# [cluster]").expect("a [cluster] example");
+        let table: String = text[start..]
+            .lines()
+            .map(|l| l.strip_prefix("# ").unwrap_or(l))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let cfg = FileConfig::parse(&table).unwrap();
+        let mut c = cfg.cluster.expect("the [cluster] table");
+        assert_eq!(c.members.len(), 2);
+        assert_eq!(c.clone_timeout_ms, 1000);
+        c.name = "n2".into();
+        c.validate().unwrap();
+        let e = FileConfig::parse("[cluster]\nmembers = [{ name = \"a\", control = \"bogus\" }]\n")
+            .unwrap_err();
+        assert!(format!("{e:#}").contains("control address"), "{e:#}");
+    }
+
     #[test]
     fn unknown_keys_and_bad_values_are_errors() {
         let e =
