@@ -183,13 +183,32 @@ impl RequestError {
 ///
 /// Leading empty lines are skipped (RFC 9112 §2.2). On success the head's
 /// `head_len` says where the body (or the next request) starts.
+///
+/// Every line of the head must end in CRLF: a bare LF is refused (400).
+/// RFC 9112 §2.2 lets a recipient accept it, and httparse does, but a front
+/// end that does not would frame the message differently; httparse has no
+/// option to refuse it, so [`bare_lf`] scans the head first. The scan stops
+/// at the blank line, so it costs one pass over the head only.
+///
+/// A request line of `HTTP/1.x` with a minor version above 1 is served as
+/// HTTP/1.1 (RFC 9112 §2.3: a recipient answers in the highest minor
+/// version it supports); httparse knows only 1.0 and 1.1, so such a head is
+/// parsed from a copy whose version reads `HTTP/1.1`.
 pub fn parse(buf: &[u8], limits: &Limits) -> Result<ParseOutcome, RequestError> {
+    if bare_lf(buf) {
+        return Err(RequestError::BadRequest("bare LF in the request head"));
+    }
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     let status = match req.parse(buf) {
         Ok(s) => s,
         Err(httparse::Error::TooManyHeaders) => return Err(RequestError::HeaderFieldsTooLarge),
-        Err(httparse::Error::Version) => return Err(version_error(buf)),
+        Err(httparse::Error::Version) => {
+            return match later_minor_version(buf) {
+                Some(copy) => parse(&copy, limits),
+                None => Err(version_error(buf)),
+            }
+        }
         Err(httparse::Error::Token) if looks_like_http09(buf) => {
             return Err(RequestError::VersionNotSupported)
         }
@@ -346,18 +365,20 @@ fn transfer_framing(codings: &[String]) -> Result<BodyFraming, RequestError> {
     if codings.is_empty() {
         return Err(RequestError::BadRequest("empty Transfer-Encoding"));
     }
-    if codings.iter().any(|c| !KNOWN.contains(&c.as_str())) {
-        return Err(RequestError::NotImplemented("unknown transfer coding"));
-    }
+    // RFC 9112 §6.3: without chunked as the final coding the length cannot be
+    // determined, which is a 400 whatever the other codings are.
     if codings.last().map(String::as_str) != Some("chunked") {
         return Err(RequestError::BadRequest(
             "chunked is not the final transfer coding",
         ));
     }
+    if codings[..codings.len() - 1].iter().any(|c| c == "chunked") {
+        return Err(RequestError::BadRequest("chunked applied twice"));
+    }
+    if codings.iter().any(|c| !KNOWN.contains(&c.as_str())) {
+        return Err(RequestError::NotImplemented("unknown transfer coding"));
+    }
     if codings.len() > 1 {
-        if codings[..codings.len() - 1].iter().any(|c| c == "chunked") {
-            return Err(RequestError::BadRequest("chunked applied twice"));
-        }
         return Err(RequestError::NotImplemented("compressed transfer coding"));
     }
     Ok(BodyFraming::Chunked)
@@ -378,21 +399,79 @@ fn check_sizes(buf: &[u8], limits: &Limits) -> Option<RequestError> {
     }
 }
 
-/// httparse reports any unknown version as `Version`; tell a well-formed
-/// `HTTP/x.y` of another version (505) from garbage (400).
+/// httparse reports any unknown version as `Version`, and also a request
+/// line whose target holds a space or tab or that has a double space (it
+/// then takes the rest for the version). Only a well-formed
+/// `method SP target SP HTTP/x.y` line of another version is a 505; any
+/// other line is a malformed request, 400.
 fn version_error(buf: &[u8]) -> RequestError {
-    let line = first_line(buf);
-    let version = line.rsplit(|&b| b == b' ').next().unwrap_or_default();
+    match request_line_version(first_line(buf)) {
+        Some(_) => RequestError::VersionNotSupported,
+        None => RequestError::BadRequest("malformed request line"),
+    }
+}
+
+/// The `(major, minor)` version of a request line made of exactly a method
+/// token, one space, a target without spaces or controls, one space and
+/// `HTTP/DIGIT.DIGIT`.
+fn request_line_version(line: &[u8]) -> Option<(u8, u8)> {
+    let mut parts = line.split(|&b| b == b' ');
+    let (method, target, version) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some()
+        || method.is_empty()
+        || !method.iter().all(|&b| crate::chunked::is_tchar(b))
+        || target.is_empty()
+        || target.iter().any(|&b| b <= b' ' || b == 0x7f)
+    {
+        return None;
+    }
     let well_formed = version.len() == 8
         && version.starts_with(b"HTTP/")
         && version[5].is_ascii_digit()
         && version[6] == b'.'
         && version[7].is_ascii_digit();
-    if well_formed {
-        RequestError::VersionNotSupported
-    } else {
-        RequestError::BadRequest("malformed HTTP version")
+    well_formed.then(|| (version[5] - b'0', version[7] - b'0'))
+}
+
+/// For a head whose request line is well formed with version `HTTP/1.x`,
+/// x > 1: a copy of the head (up to its blank line, or all of `buf` while
+/// it is incomplete) with the version rewritten to `HTTP/1.1`. The copy has
+/// the same length, so its `head_len` holds for `buf`.
+fn later_minor_version(buf: &[u8]) -> Option<Vec<u8>> {
+    let line = first_line(buf);
+    match request_line_version(line)? {
+        (1, minor) if minor > 1 => {}
+        _ => return None,
     }
+    let line_start = line.as_ptr() as usize - buf.as_ptr() as usize;
+    let end = buf[line_start..]
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(buf.len(), |p| line_start + p + 4);
+    let mut copy = buf[..end].to_vec();
+    copy[line_start + line.len() - 1] = b'1';
+    Some(copy)
+}
+
+/// Whether a line of the head at the start of `buf` (leading empty lines
+/// included, up to and including the blank line that ends it) ends in a LF
+/// that no CR precedes.
+pub(crate) fn bare_lf(buf: &[u8]) -> bool {
+    let mut start = 0;
+    let mut in_head = false;
+    while let Some(off) = buf[start..].iter().position(|&b| b == b'\n') {
+        let nl = start + off;
+        if nl == 0 || buf[nl - 1] != b'\r' {
+            return true;
+        }
+        let empty = nl - start == 1;
+        if empty && in_head {
+            return false;
+        }
+        in_head |= !empty;
+        start = nl + 1;
+    }
+    false
 }
 
 /// A complete `GET /path` line with no version is an HTTP/0.9 request.
@@ -544,7 +623,10 @@ mod tests {
         assert_eq!(p(notlast).unwrap_err().status(), 400);
         let twice = "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n";
         assert_eq!(p(twice).unwrap_err().status(), 400);
+        // Without chunked last the length is unknown: 400 (RFC 9112 §6.3), not 501.
         let unknown = "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: foo\r\n\r\n";
+        assert_eq!(p(unknown).unwrap_err().status(), 400);
+        let unknown = "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: foo, chunked\r\n\r\n";
         assert_eq!(p(unknown).unwrap_err().status(), 501);
         let gz = "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n";
         assert_eq!(p(gz).unwrap_err().status(), 501);
@@ -566,10 +648,15 @@ mod tests {
     #[test]
     fn versions() {
         assert_eq!(p("GET / HTTP/2.0\r\n\r\n").unwrap_err().status(), 505);
-        assert_eq!(
-            p("GET / HTTP/1.2\r\nHost: a\r\n\r\n").unwrap_err().status(),
-            505
-        );
+        assert_eq!(p("GET / HTTP/0.9\r\n\r\n").unwrap_err().status(), 505);
+        // A later HTTP/1 minor version is served as HTTP/1.1.
+        let h = head("\r\nGET /x HTTP/1.2\r\nHost: a\r\nConnection: close\r\n\r\nGET");
+        assert_eq!(h.version, Version::Http11);
+        assert_eq!(h.head_len, 49);
+        assert!(!h.keep_alive);
+        assert_eq!(head("GET / HTTP/1.9\r\nHost: a\r\n\r\n").version, Version::Http11);
+        assert_eq!(p("GET / HTTP/1.2\r\nHost: a\r\n").unwrap(), ParseOutcome::Partial);
+        assert_eq!(p("GET / HTTP/1.2\r\n\r\n").unwrap_err().status(), 400);
         assert_eq!(p("GET / HTTX/1.1\r\n\r\n").unwrap_err().status(), 400);
         assert_eq!(p("GET /index.html\r\n").unwrap_err().status(), 505);
         assert_eq!(p("GET /index.html\r\n\r\n").unwrap_err().status(), 505);
@@ -632,6 +719,42 @@ mod tests {
         assert_eq!(h.if_none_match.as_deref(), Some("\"x\""));
         assert_eq!(h.range.as_deref(), Some("bytes=0-1"));
         assert_eq!(h.cookie.as_deref(), Some("a=1; b=2"));
+    }
+
+    /// Malformed request lines are 400, never 505.
+    #[test]
+    fn malformed_request_lines_are_400() {
+        for bad in [
+            "GET /a b HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GET /a\tb HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GET /a HTTP/1.1 \r\nHost: a\r\n\r\n",
+            "GET /  HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GET  / HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GET /a\nb HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GET /a\x00b HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GET /a HTTP/1.1\nHost: a\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\nX: b\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\n\n",
+            "\nGET / HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GET /a b HTTP/1.2\r\nHost: a\r\n\r\n",
+        ] {
+            assert_eq!(p(bad).map_err(|e| e.status()), Err(400), "{bad:?}");
+        }
+        // Bare LF is refused before the head is complete, too.
+        assert_eq!(p("GET / HTTP/1.1\nHost").unwrap_err().status(), 400);
+        // What follows the head is not scanned: a body may hold bare LFs.
+        let h = head("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\n\n\n");
+        assert_eq!(h.framing, BodyFraming::Length(2));
+    }
+
+    #[test]
+    fn chunked_not_final_is_400_even_with_unknown_codings() {
+        for te in ["chunked, identity", "chunked, foo", "foo, chunked, gzip", "identity"] {
+            let r = format!("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: {te}\r\n\r\n");
+            assert_eq!(p(&r).unwrap_err().status(), 400, "{te}");
+        }
+        let r = "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: foo, chunked\r\n\r\n";
+        assert_eq!(p(r).unwrap_err().status(), 501);
     }
 
     #[test]

@@ -5,7 +5,9 @@
 //! refuses anything ambiguous instead of guessing: `Content-Length` together with
 //! `Transfer-Encoding`, duplicate or non-numeric `Content-Length`, a transfer coding other than a
 //! single final `chunked`, obs-fold, more than [`MAX_HEADERS`] headers or a head larger than the
-//! limit are all errors (the client then gets a 502 and the node connection is dropped). A
+//! limit are all errors (the client then gets a 502 and the node connection is dropped), and so
+//! is a line ended by a bare LF (httparse accepts one; the head is scanned for it first, as
+//! requests are). A
 //! response to `HEAD`, and every 1xx, 204 and 304, has no body whatever its headers say.
 
 use thiserror::Error;
@@ -66,6 +68,11 @@ pub fn parse(
     head_request: bool,
     max_head: usize,
 ) -> Result<Option<ResponseMeta>, ResponseError> {
+    // httparse takes a bare LF as a line end; a peer that does not would frame the response
+    // differently, so it is refused before tokenizing (one pass up to the blank line).
+    if crate::request::bare_lf(buf) {
+        return Err(ResponseError::Malformed("bare LF in the response head"));
+    }
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut r = httparse::Response::new(&mut headers);
     let head_len = match r.parse(buf) {
@@ -301,6 +308,18 @@ pub fn forward_request_head(
     out.extend_from_slice(b"\r\n");
 }
 
+/// Whether a head written by [`forward_request_head`] stays within `limits` and the header
+/// count of `switchyard_http::request::parse`: the rewrite may add `X-Forwarded-For` and
+/// `Connection: keep-alive`, so a head just under the limits when it arrived can be over them
+/// when it leaves. A peer with the same limits would refuse such a head (431); the sender
+/// answers 431 itself (or serves the request without forwarding) instead of forwarding it.
+pub fn forwarded_head_fits(head: &[u8], limits: &crate::request::Limits) -> bool {
+    // Request line and blank line end in CRLF too; every other line is one field.
+    let lines = head.iter().filter(|&&b| b == b'\n').count();
+    head.len() <= limits.max_head_bytes
+        && lines.saturating_sub(2) <= crate::request::MAX_HEADERS
+}
+
 /// Write the response head to send to the client into `out`: the node's status line and
 /// end-to-end headers, then the switch's own connection header: `Connection: close` when the
 /// client connection ends after this response, `Connection: keep-alive` for an HTTP/1.0 client
@@ -389,6 +408,10 @@ mod tests {
             "HTTP/1.1 101 Switching Protocols\r\n\r\n",
             "HTTP/2.0 200 OK\r\n\r\n",
             "NOT HTTP\r\n\r\n",
+            "HTTP/1.1 200 OK\nContent-Length: 1\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 1\nX: y\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nX: a\n",
         ] {
             assert!(
                 matches!(p(bad), Err(ResponseError::Malformed(_))),
@@ -400,6 +423,9 @@ mod tests {
     #[test]
     fn partial_and_limits() {
         assert_eq!(p("HTTP/1.1 200 OK\r\nContent-Le").unwrap(), None);
+        // The body is not scanned for bare LFs.
+        let m = meta("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n\n\n");
+        assert_eq!(m.body, BodyLength::Length(2));
         let big = format!("HTTP/1.1 200 OK\r\nX: {}\r\n", "a".repeat(20_000));
         assert_eq!(p(&big), Err(ResponseError::TooLarge));
         let many: String = (0..120).map(|i| format!("X-{i}: v\r\n")).collect();
@@ -421,6 +447,42 @@ mod tests {
         let mut out = Vec::new();
         forward_request_head(b"\r\nGET / HTTP/1.0\n\n", true, None, &mut out);
         assert_eq!(out, b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
+    }
+
+    /// A head at the limits when it arrives is over them once `X-Forwarded-For` is added.
+    #[test]
+    fn forwarded_heads_are_checked_against_the_limits() {
+        use crate::request::{parse, Limits, ParseOutcome, MAX_HEADERS};
+        let limits = Limits::default();
+        let pad = |extra: usize| {
+            let base = "GET / HTTP/1.1\r\nHost: a\r\nX-Pad: \r\n\r\n".len();
+            format!(
+                "GET / HTTP/1.1\r\nHost: a\r\nX-Pad: {}\r\n\r\n",
+                "p".repeat(limits.max_head_bytes - base - extra)
+            )
+        };
+        let full = pad(0);
+        assert!(matches!(parse(full.as_bytes(), &limits), Ok(ParseOutcome::Complete(_))));
+        let mut out = Vec::new();
+        forward_request_head(full.as_bytes(), false, Some("192.0.2.1"), &mut out);
+        assert_eq!(parse(&out, &limits).unwrap_err().status(), 431);
+        assert!(!forwarded_head_fits(&out, &limits));
+        let roomy = pad(40);
+        let mut out = Vec::new();
+        forward_request_head(roomy.as_bytes(), false, Some("192.0.2.1"), &mut out);
+        assert!(forwarded_head_fits(&out, &limits));
+        assert!(matches!(parse(&out, &limits), Ok(ParseOutcome::Complete(_))));
+        // The header count: 100 fields arrive, 101 would leave.
+        let many: String = (1..MAX_HEADERS).map(|i| format!("X-{i}: v\r\n")).collect();
+        let head = format!("GET / HTTP/1.1\r\nHost: a\r\n{many}\r\n");
+        assert!(matches!(parse(head.as_bytes(), &limits), Ok(ParseOutcome::Complete(_))));
+        let mut out = Vec::new();
+        forward_request_head(head.as_bytes(), false, Some("192.0.2.1"), &mut out);
+        assert_eq!(parse(&out, &limits).unwrap_err().status(), 431);
+        assert!(!forwarded_head_fits(&out, &limits));
+        let mut out = Vec::new();
+        forward_request_head(head.as_bytes(), false, None, &mut out);
+        assert!(forwarded_head_fits(&out, &limits));
     }
 
     #[test]

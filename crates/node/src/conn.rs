@@ -440,6 +440,11 @@ impl<R: Router> Conn<'_, R> {
             client_ip.as_deref(),
             &mut req,
         );
+        // A peer with the same limits would refuse a head that the added fields took over
+        // them: such a request is served here instead.
+        if !switchyard_http::upstream::forwarded_head_fits(&req, &self.ctx.limits) {
+            return Forwarded::NotSent;
+        }
         let until = tokio::time::Instant::now() + self.ctx.send_timeout;
         let is_head = head.method == Method::Head;
         let ctx = self.ctx;

@@ -75,7 +75,7 @@ fn every_error_status() {
     assert_eq!(
         status_of(
             a,
-            b"GET /a.txt HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: foo\r\n\r\n"
+            b"GET /a.txt HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: foo, chunked\r\n\r\n"
         ),
         501
     );

@@ -237,10 +237,15 @@ pub async fn read_body<C: ClientConn>(
             }
         }
         BodyFraming::Chunked => {
-            let mut dec = ChunkedDecoder::new();
+            // A declared chunk beyond the limit is refused on its size line, without waiting
+            // for its data.
+            let mut dec = ChunkedDecoder::with_limit(max_body);
             loop {
                 let p = c.parts();
-                let used = dec.decode(p.buf, |_| {}).map_err(BodyError::Malformed)?;
+                let used = dec.decode(p.buf, |_| {}).map_err(|e| match e {
+                    ChunkedError::TooLarge => BodyError::TooLarge,
+                    e => BodyError::Malformed(e),
+                })?;
                 if dec.body_len() > max_body {
                     return Err(BodyError::TooLarge);
                 }

@@ -236,6 +236,13 @@ impl Client {
             && !self.stopping();
         let ip = gen.cfg.forwarded_for.then_some(self.peer_ip.as_str());
         resp::forward_request_head(&self.buf[..head.head_len], http10, ip, fwd);
+        // What the switch adds may take a head over the limits a node applies (the switch's
+        // own): such a head is refused here with the 431 the node would give, never forwarded.
+        // Handed off, the head travels as the client sent it, so only relaying is refused.
+        let fits = resp::forwarded_head_fits(fwd, &gen.limits);
+        if !fits && !preread {
+            return Some(self.too_large_to_forward());
+        }
         let mut head_consumed = !preread;
         if head_consumed {
             self.buf.advance(head.head_len);
@@ -313,6 +320,16 @@ impl Client {
                     }
                 }
             }
+            if !fits {
+                // A handoff that was not taken: the rewritten head cannot be relayed.
+                if let Some(n) = choice.policy_node {
+                    gen.policy
+                        .lock()
+                        .post_request(self.id, n, &Outcome::failed(), self.shared.now());
+                }
+                self.shared.freed.notify_one();
+                return Some(self.too_large_to_forward());
+            }
             let backend = gen.nodes[choice.idx].clone();
             backend.active.fetch_add(1, Relaxed);
             let r = self
@@ -355,6 +372,13 @@ impl Client {
                 Err(Fail::Midway) => return Some(End::Broken),
             }
         }
+    }
+
+    /// A request whose forwarded head would be over the limits: 431, and the connection ends.
+    fn too_large_to_forward(&self) -> End {
+        tracing::debug!(peer = %self.peer, "request head too large once forwarded");
+        self.shared.metrics.count_rejection(Rejection::BadRequest);
+        End::Error(431)
     }
 
     /// Ask the policy for a node, waiting in the queue while every node is saturated.
