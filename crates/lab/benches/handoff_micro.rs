@@ -188,7 +188,7 @@ fn main() {
                 local,
                 transfer: Transfer::Repair(Box::new(state)),
                 preread: buf[..got].to_vec(),
-                route: false,
+                route: switchyard_handoff::proto::Routing::Own,
             }
             .encode(&mut frame)
             .unwrap();
