@@ -47,6 +47,7 @@ use crate::fs::FileInfo;
 use crate::metrics::NodeMetrics;
 use crate::store::{CachedObject, Content, Resolved, Store};
 use switchyard_runtime::request::{self as reading, BodyError, ClientConn, ClientParts};
+use switchyard_runtime::shed::WaitingClients;
 use switchyard_runtime::request::{HeadEnd, HeadWait};
 
 /// Buffered responses are flushed once this much is pending.
@@ -61,6 +62,8 @@ pub(crate) struct Ctx {
     pub(crate) header_timeout: Duration,
     pub(crate) idle_timeout: Duration,
     pub(crate) send_timeout: Duration,
+    /// Connections waiting on their clients, to shed for new ones when every slot is taken.
+    pub(crate) waiting: Arc<WaitingClients>,
 }
 
 /// What the loop does with a request of a routed connection.
@@ -332,6 +335,10 @@ impl<R: Router> ClientConn for Conn<'_, R> {
     async fn send_continue(&mut self) -> io::Result<()> {
         self.out.extend_from_slice(reading::CONTINUE);
         self.flush().await
+    }
+
+    fn waiting_list(&self) -> Option<&Arc<WaitingClients>> {
+        Some(&self.ctx.waiting)
     }
 }
 
@@ -895,6 +902,7 @@ mod tests {
             header_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(5),
             send_timeout: Duration::from_secs(5),
+            waiting: Default::default(),
         })
     }
 
@@ -962,6 +970,7 @@ mod tests {
                 header_timeout: Duration::from_secs(1),
                 idle_timeout: Duration::from_secs(1),
                 send_timeout: Duration::from_secs(1),
+                waiting: Default::default(),
             });
             let (_tx, rx) = tokio::sync::watch::channel(false);
             let fut = super::serve(ctx, s, rx, bytes::BytesMut::new());
