@@ -23,8 +23,11 @@ pub struct NodeConfig {
     /// served (one per worker accepted, the rest in the kernel's accept
     /// queue). Connections handed in by a switch count too (one at the cap
     /// is refused with `Drop{Busy}`); an accept loop waiting for a client
-    /// holds no slot.
-    pub max_connections: usize,
+    /// holds no slot. With every slot taken, the connection that has waited longest on its
+    /// client (idle, or sending a head) is closed to make room. Unset: derived from the
+    /// descriptor limit (raised to its hard limit at start), keeping descriptors for the
+    /// node's other needs.
+    pub max_connections: Option<usize>,
     /// Budget of the in-memory object cache, in bytes (0 disables it).
     pub cache_bytes: u64,
     /// Replacement policy: `lru`, `lfu` (with periodic aging) or `gdsf`.
@@ -189,7 +192,7 @@ impl Default for NodeConfig {
             root: PathBuf::new(),
             admin: None,
             workers: 0,
-            max_connections: 65_536,
+            max_connections: None,
             cache_bytes: 256 * 1024 * 1024,
             cache_policy: "lru".to_owned(),
             cache_max_object_bytes: 1024 * 1024,

@@ -48,6 +48,7 @@ use crate::metrics::NodeMetrics;
 use crate::store::{CachedObject, Content, Resolved, Store};
 use switchyard_runtime::request::{self as reading, BodyError, ClientConn, ClientParts};
 use switchyard_runtime::request::{HeadEnd, HeadWait};
+use switchyard_runtime::shed::WaitingClients;
 
 /// Buffered responses are flushed once this much is pending.
 const FLUSH_AT: usize = 64 * 1024;
@@ -61,6 +62,8 @@ pub(crate) struct Ctx {
     pub(crate) header_timeout: Duration,
     pub(crate) idle_timeout: Duration,
     pub(crate) send_timeout: Duration,
+    /// Connections waiting on their clients, to shed for new ones when every slot is taken.
+    pub(crate) waiting: Arc<WaitingClients>,
 }
 
 /// What the loop does with a request of a routed connection.
@@ -339,6 +342,10 @@ impl<R: Router> ClientConn for Conn<'_, R> {
     async fn send_continue(&mut self) -> io::Result<()> {
         self.out.extend_from_slice(reading::CONTINUE);
         self.flush().await
+    }
+
+    fn waiting_list(&self) -> Option<&Arc<WaitingClients>> {
+        Some(&self.ctx.waiting)
     }
 }
 
@@ -908,6 +915,7 @@ mod tests {
             header_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(5),
             send_timeout: Duration::from_secs(5),
+            waiting: Default::default(),
         })
     }
 
@@ -975,6 +983,7 @@ mod tests {
                 header_timeout: Duration::from_secs(1),
                 idle_timeout: Duration::from_secs(1),
                 send_timeout: Duration::from_secs(1),
+                waiting: Default::default(),
             });
             let (_tx, rx) = tokio::sync::watch::channel(false);
             let fut = super::serve(ctx, s, rx, bytes::BytesMut::new());

@@ -65,6 +65,7 @@ use switchyard_admin::Admin;
 use switchyard_handoff::link::ControlAddr;
 use switchyard_http::request::Limits;
 use switchyard_runtime::accept::{accept_loop, Incoming, WhenFull};
+use switchyard_runtime::shed::WaitingClients;
 use switchyard_runtime::{listen::listen_reuseport, Live, Workers};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
@@ -147,6 +148,47 @@ impl RunningNode {
     }
 }
 
+/// Descriptors kept for what is not a client connection: listeners, the admin listener,
+/// the runtime's own (epoll, eventfds), handoff control connections, log files, cached objects
+/// held in memfds.
+const RESERVED_DESCRIPTORS: u64 = 1024;
+/// Descriptors one client connection may hold at once: its socket and a file it is sent (or a
+/// connection to the node it is forwarded from).
+const DESCRIPTORS_PER_CONNECTION: u64 = 2;
+
+/// The connection cap: as configured, or derived from the descriptor limit (raised to its
+/// hard limit first, [`switchyard_runtime::nofile`]).
+fn max_connections(cfg: &NodeConfig) -> Result<usize, NodeError> {
+    let limit = switchyard_runtime::nofile::raise().ok();
+    let derived = limit.map(|l| {
+        switchyard_runtime::nofile::derive_max_connections(
+            l.soft,
+            RESERVED_DESCRIPTORS,
+            DESCRIPTORS_PER_CONNECTION,
+        )
+    });
+    let n = match cfg.max_connections {
+        Some(n) => {
+            if let (Some(l), Some(d)) = (limit, derived) {
+                if n > d {
+                    tracing::warn!(
+                        max_connections = n,
+                        descriptors = l.soft,
+                        safe = d,
+                        "max_connections is above what the descriptor limit allows"
+                    );
+                }
+            }
+            n
+        }
+        None => derived.unwrap_or(4096),
+    };
+    if n == 0 || n > u32::MAX as usize {
+        return Err(NodeError::Config("max_connections must be positive".into()));
+    }
+    Ok(n)
+}
+
 fn limits(cfg: &NodeConfig) -> Limits {
     Limits {
         max_request_line: cfg.max_request_line,
@@ -164,9 +206,7 @@ fn limits(cfg: &NodeConfig) -> Limits {
 /// accepted it, so short connections cost no cross-thread wakeups. The
 /// admin listener runs on the caller's runtime.
 pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
-    if cfg.max_connections == 0 || cfg.max_connections > u32::MAX as usize {
-        return Err(NodeError::Config("max_connections must be positive".into()));
-    }
+    let max_connections = max_connections(&cfg)?;
     let cluster = match &cfg.cluster {
         Some(c) => {
             let cluster = Arc::new(coop::Cluster::new(c)?);
@@ -195,6 +235,7 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
         header_timeout: Duration::from_millis(cfg.header_timeout_ms),
         idle_timeout: Duration::from_millis(cfg.idle_timeout_ms),
         send_timeout: Duration::from_millis(cfg.send_timeout_ms),
+        waiting: WaitingClients::new(),
     });
     let bind_err = |source| NodeError::Bind {
         addr: cfg.listen,
@@ -238,7 +279,7 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
     });
 
     // The connection cap is shared by all workers.
-    let slots = Arc::new(Semaphore::new(cfg.max_connections));
+    let slots = Arc::new(Semaphore::new(max_connections));
     let worker = Arc::new(Worker {
         ctx: ctx.clone(),
         slots: slots.clone(),
@@ -297,6 +338,7 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
     }
     tracing::info!(
         %addr,
+        max_connections,
         root = %cfg.root.display(),
         admin = ?admin_addr,
         handoff_tcp = ?handoff.tcp_addr,
@@ -399,6 +441,7 @@ impl Worker {
         accept_loop(
             listener,
             &self.slots,
+            &self.ctx.waiting,
             WhenFull::Wait,
             &self.ctx.metrics.accepts,
             |incoming| {

@@ -189,6 +189,12 @@ impl Collector for NodeCollector {
             "Pauses of an accept loop out of descriptors or memory",
             m.accepts.backoffs.load(Relaxed),
         )?;
+        counter(
+            &mut enc,
+            "switchyard_node_connections_shed",
+            "Connections waiting on their clients closed to make room for new ones",
+            m.accepts.shed.load(Relaxed),
+        )?;
         gauge(
             &mut enc,
             "switchyard_node_connections_active",

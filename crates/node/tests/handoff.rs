@@ -384,7 +384,7 @@ fn refused_at_the_cap_and_the_switch_still_serves_the_client() {
         |r| write(r, "a.txt", b"alpha"),
         |c| {
             c.workers = 1;
-            c.max_connections = 1;
+            c.max_connections = Some(1);
         },
     );
     let mut sw = Switch::connect(&node);

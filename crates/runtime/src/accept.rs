@@ -9,7 +9,9 @@
 //! clients in the kernel's accept queue ([`WhenFull::Wait`], the node), or
 //! goes on accepting and hands the connection over without a slot so that
 //! the caller can refuse it ([`WhenFull::Refuse`], the switch answers
-//! `503`).
+//! `503`). Before either, the loop sheds the connection that has waited
+//! longest on its client ([`crate::shed`]) and, if there was one, waits up
+//! to [`SHED_WAIT`] for the slot it frees.
 //!
 //! When `accept(2)` fails for lack of resources (`EMFILE`, `ENFILE`,
 //! `ENOBUFS`, `ENOMEM`) the pending connection stays queued and the listener
@@ -28,10 +30,17 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::shed::WaitingClients;
+
 /// First pause after a failed accept.
 pub const BACKOFF_MIN: Duration = Duration::from_millis(5);
 /// Longest pause between retries while accepts keep failing.
 pub const BACKOFF_MAX: Duration = Duration::from_millis(500);
+
+/// Longest wait for the slot of a shed connection (it closes as soon as its
+/// task runs; this only bounds a connection that is shed just as its
+/// request completes and so keeps its slot).
+pub const SHED_WAIT: Duration = Duration::from_millis(100);
 
 /// What the accept loop does when every connection slot is taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,14 +72,18 @@ pub struct AcceptStats {
     pub failures: AtomicU64,
     /// Pauses taken because accepts failed for lack of resources.
     pub backoffs: AtomicU64,
+    /// Connections shed to make room for new ones.
+    pub shed: AtomicU64,
 }
 
 /// Accept connections from `listener` until the slots' semaphore is closed,
 /// giving each to `handle`. Run it on a worker thread; it ends only when
-/// dropped (the worker's stop signal) or when `slots` is closed.
+/// dropped (the worker's stop signal) or when `slots` is closed. With every
+/// slot taken, the longest waiter of `waiting` is shed first.
 pub async fn accept_loop<H>(
     listener: &TcpListener,
     slots: &Arc<Semaphore>,
+    waiting: &WaitingClients,
     when_full: WhenFull,
     stats: &AcceptStats,
     mut handle: H,
@@ -94,16 +107,28 @@ pub async fn accept_loop<H>(
             }
         };
         backoff.succeeded();
-        let slot = match slots.clone().try_acquire_owned() {
+        let mut slot = match slots.clone().try_acquire_owned() {
             Ok(s) => Some(s),
-            Err(tokio::sync::TryAcquireError::NoPermits) => match when_full {
+            Err(tokio::sync::TryAcquireError::NoPermits) => None,
+            Err(tokio::sync::TryAcquireError::Closed) => return,
+        };
+        if slot.is_none() && waiting.shed_oldest() {
+            stats.shed.fetch_add(1, Relaxed);
+            match tokio::time::timeout(SHED_WAIT, slots.clone().acquire_owned()).await {
+                Ok(Ok(s)) => slot = Some(s),
+                Ok(Err(_)) => return,
+                Err(_) => {}
+            }
+        }
+        let slot = match slot {
+            Some(s) => Some(s),
+            None => match when_full {
                 WhenFull::Wait => match slots.clone().acquire_owned().await {
                     Ok(s) => Some(s),
                     Err(_) => return,
                 },
                 WhenFull::Refuse => None,
             },
-            Err(tokio::sync::TryAcquireError::Closed) => return,
         };
         handle(match slot {
             Some(slot) => Incoming::Admitted { stream, peer, slot },

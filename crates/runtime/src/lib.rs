@@ -12,6 +12,10 @@
 //! drops its [`workers::Live`] handle, until its connections are gone or the
 //! grace period is over.
 //!
+//! At start the descriptor limit is raised and a default connection cap derived from it
+//! ([`nofile`]); when every slot is taken, the connection that has waited longest on its client
+//! is shed for a newcomer ([`shed`]).
+//!
 //! The node's load reports to the switch travel as [`report::Datagram`]s.
 //!
 //! This crate knows nothing of the node or the switch; it depends only on
@@ -22,8 +26,10 @@ pub mod accept;
 pub mod close;
 pub mod idle;
 pub mod listen;
+pub mod nofile;
 pub mod report;
 pub mod request;
+pub mod shed;
 pub mod workers;
 
 pub use accept::{accept_loop, AcceptStats, Incoming, WhenFull};

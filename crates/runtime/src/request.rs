@@ -22,6 +22,9 @@ use tokio::time::Instant;
 
 use crate::close::fill;
 use crate::idle::{wait_for_bytes, Wait};
+use crate::shed::{Waiting, WaitingClients};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
 
 /// The interim response sent to a client that expects `100-continue`.
 pub const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
@@ -55,6 +58,13 @@ pub trait ClientConn: Send {
 
     /// Send [`CONTINUE`] to the client, after anything already produced.
     fn send_continue(&mut self) -> impl Future<Output = io::Result<()>> + Send;
+
+    /// The list this connection joins while it waits on its client, so that it can be shed
+    /// for a new connection when every slot is taken (its wait then ends as if the client had
+    /// closed); none: never shed.
+    fn waiting_list(&self) -> Option<&Arc<WaitingClients>> {
+        None
+    }
 }
 
 /// How [`next_head`] waits.
@@ -87,7 +97,8 @@ pub enum HeadEnd {
     TimedOut,
     /// The head is malformed or too large; its status says which.
     Bad(RequestError),
-    /// The client closed in the middle of a head, or the socket failed.
+    /// The client closed in the middle of a head, or the socket failed (or the connection
+    /// was shed for a new one, [`crate::shed`]).
     Broken,
 }
 
@@ -119,6 +130,8 @@ pub enum BodyError {
 pub async fn next_head<C: ClientConn>(c: &mut C, w: HeadWait<'_>) -> Result<RequestHead, HeadEnd> {
     let mut deadline: Option<Instant> = None;
     let mut tried_early = false;
+    // Listed as waiting on the client from the first wait until the head is complete.
+    let mut ticket: Option<Waiting> = None;
     loop {
         {
             let p = c.parts();
@@ -132,6 +145,10 @@ pub async fn next_head<C: ClientConn>(c: &mut C, w: HeadWait<'_>) -> Result<Requ
         }
         // About to wait for the client: send what is pending first.
         c.before_wait().await.map_err(|_| HeadEnd::Broken)?;
+        if ticket.is_none() {
+            let fd = c.parts().stream.as_raw_fd();
+            ticket = c.waiting_list().map(|l| l.enter(fd));
+        }
         let p = c.parts();
         if p.buf.is_empty() && w.first && w.read_early && !tried_early {
             tried_early = true;

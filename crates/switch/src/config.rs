@@ -192,9 +192,12 @@ pub struct SwitchConfig {
     /// Worker threads serving client connections, each a single-threaded runtime with its own
     /// `SO_REUSEPORT` listener; 0 = one per core (`--workers`).
     pub workers: usize,
-    /// Client connections open at once; a connection beyond it is answered 503 and closed
-    /// (`--max-connections`).
-    pub max_connections: usize,
+    /// Client connections open at once (`--max-connections`). With every slot taken, the
+    /// connection that has waited longest on its client (idle, or sending a head) is closed to
+    /// make room; with none waiting, a new connection is answered 503 and closed. Unset: derived
+    /// from the descriptor limit (raised to its hard limit at start), keeping descriptors for
+    /// node, control and admin connections and splice pipes ([`SwitchConfig::connection_cap`]).
+    pub max_connections: Option<usize>,
     /// Requests in flight on one node at most, 0 = no cap (`--node-max-inflight`). A node at its
     /// cap is not chosen; when every node is at its cap requests wait in the queue.
     pub node_max_inflight: u32,
@@ -270,7 +273,7 @@ impl Default for SwitchConfig {
             admin: None,
             report_listen: None,
             workers: 0,
-            max_connections: 65_536,
+            max_connections: None,
             node_max_inflight: 0,
             queue_max: 4096,
             queue_timeout_ms: 5_000,
@@ -303,7 +306,36 @@ impl Default for SwitchConfig {
     }
 }
 
+/// Descriptors the switch needs besides client and node connections: listeners, the admin and
+/// report sockets, the runtime's own, health checks, log files.
+const RESERVED_DESCRIPTORS: u64 = 256;
+/// Descriptors of the splice pipes kept for reuse (two per pipe).
+const PIPE_DESCRIPTORS: u64 = 2 * 256;
+/// Descriptors one relayed client connection holds at once: its socket and its node connection.
+const DESCRIPTORS_PER_CONNECTION: u64 = 2;
+
 impl SwitchConfig {
+    /// The cap on client connections with `soft` descriptors: `max_connections` when set, else
+    /// what is left after the reserve (fixed needs, splice pipes, a control connection per
+    /// worker thread and node, the idle pooled node connections), two descriptors per
+    /// connection.
+    pub fn connection_cap(&self, soft: u64, workers: usize) -> usize {
+        if let Some(n) = self.max_connections {
+            return n;
+        }
+        let nodes = self.nodes.len() as u64;
+        let reserve = RESERVED_DESCRIPTORS
+            + PIPE_DESCRIPTORS
+            + workers as u64 * nodes
+            + (self.pool_max_idle as u64).saturating_mul(nodes);
+        let n = switchyard_runtime::nofile::derive_max_connections(
+            soft,
+            reserve,
+            DESCRIPTORS_PER_CONNECTION,
+        );
+        n.min((u32::MAX >> 3) as usize)
+    }
+
     /// A config for `nodes` with every other key at its default.
     pub fn with_nodes(nodes: &[SocketAddr]) -> Self {
         SwitchConfig {
@@ -323,8 +355,10 @@ impl SwitchConfig {
                 return Err(SwitchError::Config(format!("node {} listed twice", n.addr)));
             }
         }
-        if self.max_connections == 0 || self.max_connections > (u32::MAX >> 3) as usize {
-            return bad("max_connections must be positive");
+        if let Some(n) = self.max_connections {
+            if n == 0 || n > (u32::MAX >> 3) as usize {
+                return bad("max_connections must be positive");
+            }
         }
         if self.header_timeout_ms == 0
             || self.idle_timeout_ms == 0
@@ -432,7 +466,7 @@ impl SwitchArgs {
             cfg.workers = v;
         }
         if let Some(v) = self.max_connections {
-            cfg.max_connections = v;
+            cfg.max_connections = Some(v);
         }
         if let Some(v) = self.node_max_inflight {
             cfg.node_max_inflight = v;
@@ -521,7 +555,7 @@ mod tests {
         let c = args.merge(file);
         assert_eq!(c.nodes.len(), 2);
         assert_eq!(c.policy.name, PolicyKind::Rr);
-        assert_eq!(c.max_connections, 9);
+        assert_eq!(c.max_connections, Some(9));
         assert_eq!(c.mechanism, Mechanism::Handoff);
         assert_eq!(c.nodes[1].weight, 2);
         assert_eq!(

@@ -53,6 +53,8 @@ pub struct SwitchMetrics {
     pub connections_active: AtomicU64,
     /// Requests sent again to another node.
     pub retries: AtomicU64,
+    /// Node connections that failed for lack of local descriptors or memory.
+    pub local_errors: AtomicU64,
     /// Client header, idle and send timeouts.
     pub timeouts: AtomicU64,
     /// Response body bytes moved with splice(2).
@@ -81,6 +83,7 @@ impl Default for SwitchMetrics {
             connections_total: AtomicU64::new(0),
             connections_active: AtomicU64::new(0),
             retries: AtomicU64::new(0),
+            local_errors: AtomicU64::new(0),
             timeouts: AtomicU64::new(0),
             splice_bytes: AtomicU64::new(0),
             reloads: AtomicU64::new(0),

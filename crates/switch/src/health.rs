@@ -1,7 +1,8 @@
 //! Active health checks: every `health_interval_ms`, `GET health_path` on a new connection to the
 //! node; any status below 500 within `health_timeout_ms` is a success. `health_fall` consecutive
 //! failures (failed relayed requests count too) take the node out, `health_rise` consecutive
-//! successes bring it back.
+//! successes bring it back. A check that cannot even open its connection for lack of local
+//! descriptors or memory says nothing about the node and counts neither way.
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
@@ -9,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use crate::backend::Backend;
 use crate::state::Shared;
@@ -37,14 +37,19 @@ pub(crate) async fn run(shared: Arc<Shared>, b: Arc<Backend>) {
             }
             continue;
         }
-        let ok = check(
+        let health = check(
             b.addr,
             &cfg.health_path,
             Duration::from_millis(cfg.health_timeout_ms),
         )
         .await;
         shared.metrics.health_checks.fetch_add(1, Relaxed);
-        if ok {
+        if health == Health::Local {
+            shared.metrics.local_errors.fetch_add(1, Relaxed);
+            tracing::debug!(node = %b.addr, "health check skipped: no local descriptors");
+            continue;
+        }
+        if health == Health::Up {
             b.fails.store(0, Relaxed);
             if !b.is_up() {
                 let rises = b.rises.fetch_add(1, Relaxed) + 1;
@@ -64,10 +69,31 @@ pub(crate) async fn run(shared: Arc<Shared>, b: Arc<Backend>) {
     }
 }
 
-/// One health check: true when the node answers `path` with a status below 500 in time.
-pub(crate) async fn check(addr: SocketAddr, path: &str, limit: Duration) -> bool {
+/// What one health check found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Health {
+    /// The node answered with a status below 500 in time.
+    Up,
+    /// It did not.
+    Down,
+    /// The check could not open its connection for lack of local resources (descriptors,
+    /// memory): nothing is known about the node.
+    Local,
+}
+
+/// One health check of the node at `addr`: `GET path` on a new connection.
+pub(crate) async fn check(addr: SocketAddr, path: &str, limit: Duration) -> Health {
+    let socket = match if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    } {
+        Ok(s) => s,
+        Err(e) if switchyard_runtime::accept::is_resource_exhaustion(&e) => return Health::Local,
+        Err(_) => return Health::Down,
+    };
     let probe = async {
-        let mut s = TcpStream::connect(addr).await?;
+        let mut s = socket.connect(addr).await?;
         let req = format!(
             "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: switchyard-health\r\nConnection: close\r\n\r\n"
         );
@@ -86,7 +112,11 @@ pub(crate) async fn check(addr: SocketAddr, path: &str, limit: Duration) -> bool
             }
         }
     };
-    matches!(tokio::time::timeout(limit, probe).await, Ok(Ok(code)) if code < 500)
+    match tokio::time::timeout(limit, probe).await {
+        Ok(Ok(code)) if code < 500 => Health::Up,
+        Ok(Err(e)) if switchyard_runtime::accept::is_resource_exhaustion(&e) => Health::Local,
+        _ => Health::Down,
+    }
 }
 
 #[cfg(test)]
@@ -111,20 +141,23 @@ mod tests {
     async fn statuses_below_500_are_healthy() {
         let t = Duration::from_secs(2);
         let a = server(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n").await;
-        assert!(check(a, "/", t).await);
+        assert_eq!(check(a, "/", t).await, Health::Up);
         let a = server(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n").await;
-        assert!(!check(a, "/", t).await);
+        assert_eq!(check(a, "/", t).await, Health::Down);
         let a = server(b"garbage\r\n\r\n").await;
-        assert!(!check(a, "/", t).await);
+        assert_eq!(check(a, "/", t).await, Health::Down);
         // Nobody listening.
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let a = l.local_addr().unwrap();
         drop(l);
-        assert!(!check(a, "/", t).await);
+        assert_eq!(check(a, "/", t).await, Health::Down);
         // Accepts but never answers: the timeout decides.
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let a = l.local_addr().unwrap();
-        assert!(!check(a, "/", Duration::from_millis(100)).await);
+        assert_eq!(
+            check(a, "/", Duration::from_millis(100)).await,
+            Health::Down
+        );
         drop(l);
     }
 }

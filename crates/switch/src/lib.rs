@@ -246,7 +246,12 @@ impl RunningSwitch {
         for b in fresh {
             spawn_health(&self.shared, b);
         }
-        resize_slots(&self.shared, old.cfg.max_connections, new.max_connections);
+        resize_slots(
+            &self.shared,
+            old.cfg
+                .connection_cap(self.shared.nofile, self.shared.workers),
+            new.connection_cap(self.shared.nofile, self.shared.workers),
+        );
         self.shared.metrics.reloads.fetch_add(1, Relaxed);
         self.shared.freed.notify_waiters();
         tracing::info!(
@@ -384,7 +389,13 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
     let workers = switchyard_runtime::listen::worker_count(cfg.workers);
     let (addr, listeners) = listen_reuseport(cfg.listen, workers).map_err(bind_err)?;
     let (stop, stop_rx) = watch::channel(false);
-    let max = cfg.max_connections;
+    let nofile = switchyard_runtime::nofile::raise().map_or(4096 * 2 + 2048, |l| l.soft);
+    let max = cfg.connection_cap(nofile, workers);
+    tracing::info!(
+        max_connections = max,
+        descriptors = nofile,
+        "client connection cap"
+    );
     let placeholder = Generation {
         id: 0,
         cfg: cfg.clone(),
@@ -419,6 +430,8 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
         ),
         control_up: Notify::new(),
         accepts: AcceptStats::default(),
+        waiting: switchyard_runtime::shed::WaitingClients::new(),
+        nofile,
     });
     let (gen, fresh) = build_generation(&shared, &cfg, None)?;
     shared.install(Arc::new(gen));
@@ -565,6 +578,7 @@ impl Worker {
         accept_loop(
             listener,
             &shared.slots,
+            &shared.waiting,
             WhenFull::Refuse,
             &shared.accepts,
             |incoming| {

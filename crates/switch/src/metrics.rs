@@ -8,6 +8,8 @@
 //! | `switchyard_switch_requests_total` | `status` | responses sent to clients: relayed, the switch's own, and those nodes report for requests the switch dispatched on handed-off connections |
 //! | `switchyard_switch_connections_total`, `_connections_active` | | client connections accepted, open |
 //! | `switchyard_switch_accept_failures_total`, `_accept_backoffs_total` | | failed accepts; pauses of an accept loop out of descriptors or memory |
+//! | `switchyard_switch_connections_shed_total` | | connections waiting on their clients closed to make room for new ones |
+//! | `switchyard_switch_local_errors_total` | | node connections that failed for lack of local descriptors or memory (the node is not blamed) |
 //! | `switchyard_switch_rejections_total` | `reason` | `connection_limit`, `queue_full`, `queue_timeout`, `no_node`, `bad_request` |
 //! | `switchyard_switch_retries_total` | | requests sent again to another node |
 //! | `switchyard_switch_queue_length` | | requests waiting for a node |
@@ -92,7 +94,7 @@ impl Collector for SwitchCollector {
                 .iter()
                 .map(|r| (r.as_str().to_owned(), m.rejections(*r))),
         )?;
-        let simple: [(&str, &str, u64); 13] = [
+        let simple: [(&str, &str, u64); 15] = [
             (
                 "switchyard_switch_connections",
                 "Client connections accepted",
@@ -107,6 +109,16 @@ impl Collector for SwitchCollector {
                 "switchyard_switch_accept_backoffs",
                 "Pauses of an accept loop out of descriptors or memory",
                 self.shared.accepts.backoffs.load(Relaxed),
+            ),
+            (
+                "switchyard_switch_connections_shed",
+                "Connections waiting on their clients closed to make room for new ones",
+                self.shared.accepts.shed.load(Relaxed),
+            ),
+            (
+                "switchyard_switch_local_errors",
+                "Node connections that failed for lack of local descriptors or memory",
+                self.shared.metrics.local_errors.load(Relaxed),
             ),
             (
                 "switchyard_switch_retries",

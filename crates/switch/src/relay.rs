@@ -468,6 +468,16 @@ impl Client {
                 Some(c) => c,
                 None => match b.connect(t.connect).await {
                     Ok(c) => c,
+                    Err(e) if e.is_local_resource() => {
+                        // Out of descriptors or memory here: the node is not to blame and
+                        // another node would fare no better.
+                        tracing::warn!(node = %b.addr, error = %e, "no local resources for a node connection");
+                        self.shared.metrics.local_errors.fetch_add(1, Relaxed);
+                        return Err(Fail::Node {
+                            status: 503,
+                            retry: false,
+                        });
+                    }
                     Err(e) => {
                         tracing::warn!(node = %b.addr, error = %e, "cannot connect to node");
                         self.shared.node_failed(b, true, &gen.cfg);
@@ -498,6 +508,13 @@ impl Client {
         head: &RequestHead,
         e: upstream::Error,
     ) -> Fail {
+        if e.is_local_resource() {
+            self.shared.metrics.local_errors.fetch_add(1, Relaxed);
+            return Fail::Node {
+                status: 503,
+                retry: false,
+            };
+        }
         let (status, retry) = match e {
             // An interim response could not be passed on.
             upstream::Error::Client(_) => return Fail::Client(End::Broken),
@@ -698,6 +715,10 @@ impl ClientConn for Client {
     fn idle(&mut self) {
         self.out = Vec::new();
         self.fwd = Vec::new();
+    }
+
+    fn waiting_list(&self) -> Option<&Arc<switchyard_runtime::shed::WaitingClients>> {
+        Some(&self.shared.waiting)
     }
 
     /// Written at once, with the send timeout of the generation serving the request.

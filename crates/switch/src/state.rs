@@ -48,6 +48,11 @@ pub(crate) struct Shared {
     pub control_up: Notify,
     /// The worker threads' accept loops.
     pub accepts: AcceptStats,
+    /// Client connections waiting on their clients, to shed for new ones when every slot is
+    /// taken.
+    pub waiting: Arc<switchyard_runtime::shed::WaitingClients>,
+    /// The descriptor limit in force (soft), read at start.
+    pub nofile: u64,
 }
 
 impl std::fmt::Debug for Shared {

@@ -294,25 +294,57 @@ fn saturated_nodes_queue_then_answer_503_with_retry_after() {
 }
 
 #[test]
-fn connections_over_the_cap_are_refused_with_503() {
-    let nodes = cluster(1, &[]);
-    let sw = TestSwitch::start(&[nodes[0].addr], |c| c.max_connections = 2);
+fn at_the_cap_the_longest_waiting_connection_is_shed_and_only_busy_ones_make_a_503() {
+    // A node that holds `/hold` requests until the test releases them.
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    let held = std::sync::Mutex::new(held);
+    let (fake, seen) = fake_node(move |req| {
+        if req.starts_with(b"GET /hold ") {
+            held.lock().unwrap().recv().ok()?;
+        }
+        Some(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec())
+    });
+    let sw = TestSwitch::start(&[fake], |c| {
+        c.max_connections = Some(2);
+        c.health_interval_ms = 0;
+    });
+    // Two idle keep-alive connections fill the slots; `a` has waited longest.
     let mut a = sw.client();
     let mut b = sw.client();
-    assert_eq!(a.get("/who").status, 200);
-    assert_eq!(b.get("/who").status, 200);
+    assert_eq!(a.get("/x").status, 200);
+    assert_eq!(b.get("/x").status, 200);
+    // A newcomer takes the slot of `a`, which is closed without a word.
     let mut c = sw.client();
-    let r = c.raw(b"GET /who HTTP/1.1\r\nHost: t\r\n\r\n");
+    assert_eq!(c.get("/x").status, 200);
+    assert!(a.is_closed());
+    // A client still sending its head waits on its client too: it takes the slot of `b`...
+    let mut slow = sw.client();
+    slow.send(b"GET /x HTTP/1.1\r\nHo");
+    assert!(b.is_closed());
+    // ...and is shed in its turn once `c` is busy.
+    c.send(b"GET /hold HTTP/1.1\r\nHost: t\r\n\r\n");
+    // (Until the switch has read it, `c` still waits on its client, and it waited longer.)
+    assert!(eventually(Duration::from_secs(5), || seen
+        .load(Ordering::Relaxed)
+        == 4));
+    let mut d = sw.client();
+    d.send(b"GET /hold HTTP/1.1\r\nHost: t\r\n\r\n");
+    assert!(slow.is_closed(), "the half-sent head was not shed");
+    assert_eq!(sw.metric("switchyard_switch_connections_shed_total"), 3.0);
+    // Both slots busy with requests at the node: nothing to shed, so a newcomer gets 503.
+    assert!(eventually(Duration::from_secs(5), || seen
+        .load(Ordering::Relaxed)
+        == 5));
+    let mut e = sw.client();
+    let r = e.raw(b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n");
     assert_eq!(r.status, 503);
     assert!(r.header("Retry-After").is_some());
-    assert!(c.is_closed());
-    drop(a);
-    assert!(eventually(Duration::from_secs(2), || {
-        let mut d = sw.client();
-        d.try_get("/who").map(|r| r.status) == Ok(200)
-    }));
+    assert!(e.is_closed());
     assert!(sw.metric("switchyard_switch_rejections_total{reason=\"connection_limit\"}") >= 1.0);
-    assert_eq!(b.get("/who").status, 200);
+    release.send(()).unwrap();
+    release.send(()).unwrap();
+    assert_eq!(c.response(false).body, b"ok");
+    assert_eq!(d.response(false).body, b"ok");
 }
 
 #[test]

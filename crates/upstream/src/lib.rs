@@ -82,6 +82,20 @@ impl Error {
     pub fn is_client(&self) -> bool {
         matches!(self, Error::Client(_))
     }
+
+    /// Whether talking to the peer failed for lack of a local resource (descriptors, buffers,
+    /// memory: `EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`): the peer is not to blame.
+    pub fn is_local_resource(&self) -> bool {
+        let e = match self {
+            Error::Connect { source, .. } => source,
+            Error::Send(e) | Error::Read(e) => e,
+            _ => return false,
+        };
+        matches!(
+            e.raw_os_error(),
+            Some(nix::libc::EMFILE | nix::libc::ENFILE | nix::libc::ENOBUFS | nix::libc::ENOMEM)
+        )
+    }
 }
 
 /// How long waits for a peer may take.

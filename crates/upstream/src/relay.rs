@@ -122,8 +122,8 @@ pub async fn relay_body<C: Client>(
                     write(client).await?;
                     if d.splice_min > 0 && left >= d.splice_min {
                         let spliced = left;
-                        splice::splice_exact(
-                            &conn.stream,
+                        done.spliced = splice::splice_exact(
+                            &mut conn.stream,
                             client.socket(),
                             left,
                             opts.deadline,
@@ -131,7 +131,6 @@ pub async fn relay_body<C: Client>(
                         )
                         .await
                         .map_err(|error| RelayFailed { error, spliced })?;
-                        done.spliced = spliced;
                     } else {
                         let mut scratch = Vec::new();
                         splice::copy(

@@ -62,16 +62,37 @@ fn timed_out() -> io::Error {
     io::ErrorKind::TimedOut.into()
 }
 
-/// Move exactly `len` bytes from `from` to `to` with splice(2). Returns when all moved. Each
-/// wait for the peer ends at `peer.next()`, each wait for the client after `client`.
+/// Move exactly `len` bytes from `from` to `to` with splice(2). Returns when all moved, with
+/// the number of bytes spliced: all of them, or none when no pipe could be had (out of
+/// descriptors: the bytes are then copied instead, so a local shortage never fails a
+/// response). Each wait for the peer ends at `peer.next()`, each wait for the client after
+/// `client`.
 pub async fn splice_exact(
+    from: &mut TcpStream,
+    to: &TcpStream,
+    len: u64,
+    peer: Deadline,
+    client: Duration,
+) -> Result<u64, Error> {
+    let pipe = match Pipe::get() {
+        Ok(p) => p,
+        Err(_) => {
+            copy(from, to, Some(len), &mut Vec::new(), peer, client).await?;
+            return Ok(0);
+        }
+    };
+    splice_through(pipe, from, to, len, peer, client).await?;
+    Ok(len)
+}
+
+async fn splice_through(
+    pipe: Pipe,
     from: &TcpStream,
     to: &TcpStream,
     mut len: u64,
     peer: Deadline,
     client: Duration,
 ) -> Result<(), Error> {
-    let pipe = Pipe::get().map_err(Error::Client)?;
     let flags = SpliceFFlags::SPLICE_F_MOVE | SpliceFFlags::SPLICE_F_NONBLOCK;
     while len > 0 {
         // Fill the (empty) pipe from the node.
@@ -204,7 +225,7 @@ mod tests {
                 got
             });
             if use_splice {
-                splice_exact(&node_r, &client_w, total, PEER, CLIENT)
+                splice_exact(&mut node_r, &client_w, total, PEER, CLIENT)
                     .await
                     .unwrap();
             } else {
@@ -225,11 +246,11 @@ mod tests {
 
     #[tokio::test]
     async fn early_close_is_a_peer_error() {
-        let (mut node_w, node_r) = pair().await;
+        let (mut node_w, mut node_r) = pair().await;
         let (client_w, _client_r) = pair().await;
         node_w.write_all(b"abc").await.unwrap();
         drop(node_w);
-        let r = splice_exact(&node_r, &client_w, 10, PEER, CLIENT).await;
+        let r = splice_exact(&mut node_r, &client_w, 10, PEER, CLIENT).await;
         assert!(matches!(r, Err(Error::Truncated)), "{r:?}");
     }
 }

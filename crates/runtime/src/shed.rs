@@ -1,0 +1,143 @@
+//! Shedding: which connection gives up its slot when a new client arrives and every slot is
+//! taken.
+//!
+//! A connection waiting on its client (idle between requests, or with a request head not yet
+//! complete) is listed in [`WaitingClients`] for as long as it waits; a connection being
+//! served is not. When the accept loop finds no free slot it asks the list to shed the
+//! connection that has waited longest: that connection is told to close, and its slot goes to
+//! the newcomer. Slow clients that hold connections open without completing requests
+//! (slowloris) are thus the first to go, and a flood of them cannot lock out new clients;
+//! a connection busy with a request is never interrupted.
+//!
+//! The order is the order in which connections began waiting (a counter, no clock).
+
+use std::collections::BTreeMap;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+/// Connections waiting on their clients, oldest wait first.
+///
+/// A connection is shed by shutting down the reading side of its socket: its wait then ends
+/// as if the client had closed (what it had already received is still read first), and the
+/// connection closes by its ordinary path. This keeps the waiting connection's own state to
+/// one ticket (no extra future beside its read). The shutdown is made while the list is locked,
+/// and a ticket leaves the list (under the same lock) before its connection can close the
+/// socket, so the descriptor shut down is always the listed connection's own.
+#[derive(Debug, Default)]
+pub struct WaitingClients {
+    waiting: Mutex<BTreeMap<u64, RawFd>>,
+    next: AtomicU64,
+    shed: AtomicU64,
+}
+
+impl WaitingClients {
+    /// An empty list.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// List the connection whose socket is `fd` as it begins to wait on its client; it leaves
+    /// the list when the ticket drops, which must happen before the socket is closed.
+    pub fn enter(self: &Arc<Self>, fd: RawFd) -> Waiting {
+        let seq = self.next.fetch_add(1, Relaxed);
+        self.lock().insert(seq, fd);
+        Waiting {
+            list: self.clone(),
+            seq,
+        }
+    }
+
+    /// Shed the connection that has waited longest; false if none is waiting.
+    pub fn shed_oldest(&self) -> bool {
+        let mut waiting = self.lock();
+        let Some((_, fd)) = waiting.pop_first() else {
+            return false;
+        };
+        // SAFETY: the listed connection has not dropped its ticket (it would have left the
+        // list under this lock), so its socket is still open and `fd` is that socket.
+        unsafe { libc::shutdown(fd, libc::SHUT_RD) };
+        drop(waiting);
+        self.shed.fetch_add(1, Relaxed);
+        true
+    }
+
+    /// Connections waiting now.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether no connection is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Connections shed so far.
+    pub fn shed_count(&self) -> u64 {
+        self.shed.load(Relaxed)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, RawFd>> {
+        // The map stays consistent whatever panicked while holding it.
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One connection's place in [`WaitingClients`] while it waits.
+#[derive(Debug)]
+pub struct Waiting {
+    list: Arc<WaitingClients>,
+    seq: u64,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.list.lock().remove(&self.seq);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+
+    fn pair() -> (std::net::TcpStream, std::net::TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        (l.accept().unwrap().0, c)
+    }
+
+    #[test]
+    fn the_longest_wait_is_shed_first_and_only_waiters_are_shed() {
+        let list = WaitingClients::new();
+        let (mut a, _ca) = pair();
+        let (mut b, _cb) = pair();
+        let (mut c, _cc) = pair();
+        let ta = list.enter(a.as_raw_fd());
+        let tb = list.enter(b.as_raw_fd());
+        let tc = list.enter(c.as_raw_fd());
+        assert_eq!(list.len(), 3);
+        // `a` was served in between: it waits again, now as the newest.
+        drop(ta);
+        let ta = list.enter(a.as_raw_fd());
+        assert!(list.shed_oldest());
+        // A shed socket reads as closed by its client.
+        assert_eq!(b.read(&mut [0u8; 8]).unwrap(), 0);
+        assert!(list.shed_oldest());
+        assert_eq!(c.read(&mut [0u8; 8]).unwrap(), 0);
+        assert_eq!(list.len(), 1);
+        drop(ta);
+        assert!(list.is_empty());
+        assert!(!list.shed_oldest());
+        assert_eq!(list.shed_count(), 2);
+        drop((tb, tc));
+        assert!(list.is_empty());
+        // `a` was never shed: it still waits for its client.
+        a.set_nonblocking(true).unwrap();
+        assert_eq!(
+            a.read(&mut [0u8; 8]).unwrap_err().kind(),
+            std::io::ErrorKind::WouldBlock
+        );
+    }
+}
