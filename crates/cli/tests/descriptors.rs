@@ -55,7 +55,10 @@ fn limited(args: &[&str]) -> Running {
 fn up(addr: SocketAddr, path: &str) {
     let t = Instant::now();
     while !matches!(get_once(addr, path), Ok((200, _))) {
-        assert!(t.elapsed() < Duration::from_secs(20), "{addr} did not come up");
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "{addr} did not come up"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -96,7 +99,10 @@ fn slow_clients_beyond_the_descriptor_limit_do_not_lock_out_legitimate_ones() {
         own.rlim_cur = own.rlim_max;
         assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &own), 0);
     }
-    assert!(own.rlim_cur > 4 * SLOW as u64, "descriptor limit of the test too low");
+    assert!(
+        own.rlim_cur > 4 * SLOW as u64,
+        "descriptor limit of the test too low"
+    );
 
     let root = tempfile::tempdir().unwrap();
     std::fs::write(root.path().join("a.txt"), b"alpha").unwrap();

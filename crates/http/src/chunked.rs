@@ -57,7 +57,9 @@ pub enum ChunkedError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
     /// Reading the hex digits of a chunk size.
-    Size { digits: u8 },
+    Size {
+        digits: u8,
+    },
     /// Whitespace after the size: only `;` may follow.
     SizeWs,
     /// After `;`: whitespace, then an extension name.
@@ -82,7 +84,9 @@ enum State {
     TrailerLineStart,
     TrailerName,
     TrailerValue,
-    TrailerLf { empty: bool },
+    TrailerLf {
+        empty: bool,
+    },
     Done,
 }
 

@@ -654,8 +654,14 @@ mod tests {
         assert_eq!(h.version, Version::Http11);
         assert_eq!(h.head_len, 49);
         assert!(!h.keep_alive);
-        assert_eq!(head("GET / HTTP/1.9\r\nHost: a\r\n\r\n").version, Version::Http11);
-        assert_eq!(p("GET / HTTP/1.2\r\nHost: a\r\n").unwrap(), ParseOutcome::Partial);
+        assert_eq!(
+            head("GET / HTTP/1.9\r\nHost: a\r\n\r\n").version,
+            Version::Http11
+        );
+        assert_eq!(
+            p("GET / HTTP/1.2\r\nHost: a\r\n").unwrap(),
+            ParseOutcome::Partial
+        );
         assert_eq!(p("GET / HTTP/1.2\r\n\r\n").unwrap_err().status(), 400);
         assert_eq!(p("GET / HTTX/1.1\r\n\r\n").unwrap_err().status(), 400);
         assert_eq!(p("GET /index.html\r\n").unwrap_err().status(), 505);
@@ -749,7 +755,12 @@ mod tests {
 
     #[test]
     fn chunked_not_final_is_400_even_with_unknown_codings() {
-        for te in ["chunked, identity", "chunked, foo", "foo, chunked, gzip", "identity"] {
+        for te in [
+            "chunked, identity",
+            "chunked, foo",
+            "foo, chunked, gzip",
+            "identity",
+        ] {
             let r = format!("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: {te}\r\n\r\n");
             assert_eq!(p(&r).unwrap_err().status(), 400, "{te}");
         }

@@ -316,8 +316,7 @@ pub fn forward_request_head(
 pub fn forwarded_head_fits(head: &[u8], limits: &crate::request::Limits) -> bool {
     // Request line and blank line end in CRLF too; every other line is one field.
     let lines = head.iter().filter(|&&b| b == b'\n').count();
-    head.len() <= limits.max_head_bytes
-        && lines.saturating_sub(2) <= crate::request::MAX_HEADERS
+    head.len() <= limits.max_head_bytes && lines.saturating_sub(2) <= crate::request::MAX_HEADERS
 }
 
 /// Write the response head to send to the client into `out`: the node's status line and
@@ -462,7 +461,10 @@ mod tests {
             )
         };
         let full = pad(0);
-        assert!(matches!(parse(full.as_bytes(), &limits), Ok(ParseOutcome::Complete(_))));
+        assert!(matches!(
+            parse(full.as_bytes(), &limits),
+            Ok(ParseOutcome::Complete(_))
+        ));
         let mut out = Vec::new();
         forward_request_head(full.as_bytes(), false, Some("192.0.2.1"), &mut out);
         assert_eq!(parse(&out, &limits).unwrap_err().status(), 431);
@@ -471,11 +473,17 @@ mod tests {
         let mut out = Vec::new();
         forward_request_head(roomy.as_bytes(), false, Some("192.0.2.1"), &mut out);
         assert!(forwarded_head_fits(&out, &limits));
-        assert!(matches!(parse(&out, &limits), Ok(ParseOutcome::Complete(_))));
+        assert!(matches!(
+            parse(&out, &limits),
+            Ok(ParseOutcome::Complete(_))
+        ));
         // The header count: 100 fields arrive, 101 would leave.
         let many: String = (1..MAX_HEADERS).map(|i| format!("X-{i}: v\r\n")).collect();
         let head = format!("GET / HTTP/1.1\r\nHost: a\r\n{many}\r\n");
-        assert!(matches!(parse(head.as_bytes(), &limits), Ok(ParseOutcome::Complete(_))));
+        assert!(matches!(
+            parse(head.as_bytes(), &limits),
+            Ok(ParseOutcome::Complete(_))
+        ));
         let mut out = Vec::new();
         forward_request_head(head.as_bytes(), false, Some("192.0.2.1"), &mut out);
         assert_eq!(parse(&out, &limits).unwrap_err().status(), 431);

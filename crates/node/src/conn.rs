@@ -47,8 +47,8 @@ use crate::fs::FileInfo;
 use crate::metrics::NodeMetrics;
 use crate::store::{CachedObject, Content, Resolved, Store};
 use switchyard_runtime::request::{self as reading, BodyError, ClientConn, ClientParts};
-use switchyard_runtime::shed::WaitingClients;
 use switchyard_runtime::request::{HeadEnd, HeadWait};
+use switchyard_runtime::shed::WaitingClients;
 
 /// Buffered responses are flushed once this much is pending.
 const FLUSH_AT: usize = 64 * 1024;

@@ -61,11 +61,18 @@ fn emfile_backs_off_then_recovers() {
     rt.block_on(async {
         let st = stats.clone();
         let task = tokio::spawn(async move {
-            accept_loop(&listener, &slots, &Default::default(), WhenFull::Wait, &st, |incoming| {
-                if let Incoming::Admitted { peer, .. } = incoming {
-                    let _ = tx.send(peer);
-                }
-            })
+            accept_loop(
+                &listener,
+                &slots,
+                &Default::default(),
+                WhenFull::Wait,
+                &st,
+                |incoming| {
+                    if let Incoming::Admitted { peer, .. } = incoming {
+                        let _ = tx.send(peer);
+                    }
+                },
+            )
             .await
         });
         let stretch = Duration::from_secs(10);

@@ -154,7 +154,10 @@ mod tests {
         // Accepts but never answers: the timeout decides.
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let a = l.local_addr().unwrap();
-        assert_eq!(check(a, "/", Duration::from_millis(100)).await, Health::Down);
+        assert_eq!(
+            check(a, "/", Duration::from_millis(100)).await,
+            Health::Down
+        );
         drop(l);
     }
 }

@@ -248,7 +248,8 @@ impl RunningSwitch {
         }
         resize_slots(
             &self.shared,
-            old.cfg.connection_cap(self.shared.nofile, self.shared.workers),
+            old.cfg
+                .connection_cap(self.shared.nofile, self.shared.workers),
             new.connection_cap(self.shared.nofile, self.shared.workers),
         );
         self.shared.metrics.reloads.fetch_add(1, Relaxed);

@@ -323,9 +323,12 @@ impl Client {
             if !fits {
                 // A handoff that was not taken: the rewritten head cannot be relayed.
                 if let Some(n) = choice.policy_node {
-                    gen.policy
-                        .lock()
-                        .post_request(self.id, n, &Outcome::failed(), self.shared.now());
+                    gen.policy.lock().post_request(
+                        self.id,
+                        n,
+                        &Outcome::failed(),
+                        self.shared.now(),
+                    );
                 }
                 self.shared.freed.notify_one();
                 return Some(self.too_large_to_forward());

@@ -324,13 +324,17 @@ fn at_the_cap_the_longest_waiting_connection_is_shed_and_only_busy_ones_make_a_5
     // ...and is shed in its turn once `c` is busy.
     c.send(b"GET /hold HTTP/1.1\r\nHost: t\r\n\r\n");
     // (Until the switch has read it, `c` still waits on its client, and it waited longer.)
-    assert!(eventually(Duration::from_secs(5), || seen.load(Ordering::Relaxed) == 4));
+    assert!(eventually(Duration::from_secs(5), || seen
+        .load(Ordering::Relaxed)
+        == 4));
     let mut d = sw.client();
     d.send(b"GET /hold HTTP/1.1\r\nHost: t\r\n\r\n");
     assert!(slow.is_closed(), "the half-sent head was not shed");
     assert_eq!(sw.metric("switchyard_switch_connections_shed_total"), 3.0);
     // Both slots busy with requests at the node: nothing to shed, so a newcomer gets 503.
-    assert!(eventually(Duration::from_secs(5), || seen.load(Ordering::Relaxed) == 5));
+    assert!(eventually(Duration::from_secs(5), || seen
+        .load(Ordering::Relaxed)
+        == 5));
     let mut e = sw.client();
     let r = e.raw(b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n");
     assert_eq!(r.status, 503);

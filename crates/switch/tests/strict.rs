@@ -12,7 +12,10 @@ use std::time::Instant;
 
 /// A scripted node answering `/echo` with the request it got, `/x` with a fixed body and any
 /// other path from `bad` by its name.
-fn scripted() -> (std::net::SocketAddr, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+fn scripted() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicU64>,
+) {
     fake_node(|req| {
         let text = String::from_utf8_lossy(req).to_string();
         let path = text.split(' ').nth(1).unwrap_or("").to_owned();
@@ -57,7 +60,8 @@ fn malformed_requests_are_refused_before_any_node_sees_them() {
         c.header_timeout_ms = 60_000;
     });
     let chunked = |body: &[u8]| {
-        let mut r = b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        let mut r =
+            b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
         r.extend_from_slice(body);
         r
     };
@@ -98,14 +102,22 @@ fn malformed_requests_are_refused_before_any_node_sees_them() {
     let t = Instant::now();
     assert_eq!(answer(sw.addr, &chunked(b"80000000\r\n")), 413);
     assert!(t.elapsed().as_secs() < 10, "took {:?}", t.elapsed());
-    assert_eq!(seen.load(Ordering::Relaxed), 0, "a node saw a refused request");
+    assert_eq!(
+        seen.load(Ordering::Relaxed),
+        0,
+        "a node saw a refused request"
+    );
     // What the grammar allows goes through as sent.
     // (The scripted node finds the end of a chunked body by its last bytes `0 CRLF CRLF`.)
     let body = b"2 ; a = \"b c\";d\r\nab\r\n0;e=f\r\nX-T: 0\r\n\r\n";
     let mut c = sw.client();
     let r = c.raw(&chunked(body));
     assert_eq!(r.status, 200);
-    assert!(r.body.ends_with(body), "{:?}", String::from_utf8_lossy(&r.body));
+    assert!(
+        r.body.ends_with(body),
+        "{:?}",
+        String::from_utf8_lossy(&r.body)
+    );
     // HTTP/1.2 is relayed and answered as HTTP/1.1: the connection stays open.
     c.send(b"GET /x HTTP/1.2\r\nHost: t\r\n\r\nGET /x HTTP/1.2\r\nHost: t\r\n\r\n");
     assert_eq!(c.response(false).body, b"x");
@@ -175,7 +187,10 @@ fn the_switch_never_forwards_a_head_its_node_refuses_for_size() {
             s => panic!("head of {len} bytes: {s}"),
         }
     }
-    assert!(served > 0 && refused > 0, "{served} served, {refused} refused");
+    assert!(
+        served > 0 && refused > 0,
+        "{served} served, {refused} refused"
+    );
     // A client's own X-Forwarded-For is extended, and counts as well.
     for len in (limit - 80)..=limit {
         let s = answer(sw.addr, &head_of(len, "X-Forwarded-For: 192.0.2.7\r\n"));
