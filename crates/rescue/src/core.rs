@@ -930,3 +930,587 @@ fn wire_kbps(bytes_per_sec: f64) -> u64 {
         .round()
         .clamp(0.0, crate::proto::MAX_RATE_KBPS as f64) as u64
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    /// D_out = 1000 kB/s.
+    fn origin_cfg() -> RescueConfig {
+        RescueConfig::new("www.origin.com", [1, 2, 3, 4].into(), 8080, 1250.0)
+    }
+
+    /// D_out = 10000 kB/s, D_resc = 5000 kB/s.
+    fn rescue_cfg() -> RescueConfig {
+        RescueConfig::new("www.rescue.com", [5, 6, 7, 8].into(), 8080, 12500.0)
+    }
+
+    /// One second of own traffic at `kbps`.
+    fn own(kbps: f64) -> Measurement {
+        Measurement {
+            elapsed: s(1),
+            self_bytes: (kbps * 1000.0) as u64,
+            ..Measurement::default()
+        }
+    }
+
+    fn rescue_traffic(own_kbps: f64, per_origin: &[(u32, f64)]) -> Measurement {
+        let mut m = own(own_kbps);
+        for &(p, k) in per_origin {
+            m.rescue_bytes.insert(PeerId(p), (k * 1000.0) as u64);
+        }
+        m
+    }
+
+    fn cand(peer: u32, kbps: f64) -> Candidate {
+        Candidate {
+            peer: PeerId(peer),
+            d_free_kbps: kbps,
+            domain: None,
+        }
+    }
+
+    fn sends(acts: &[Action]) -> Vec<(PeerId, Request)> {
+        acts.iter()
+            .filter_map(|a| match a {
+                Action::Send { peer, request } => Some((*peer, request.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn reply(acts: &[Action]) -> Response {
+        match &acts[0] {
+            Action::Reply { response, .. } => response.clone(),
+            other => panic!("first action is not a reply: {other:?}"),
+        }
+    }
+
+    fn sos() -> Sos {
+        Sos {
+            fqdn: "www.origin.com".into(),
+            ip: [1, 2, 3, 4].into(),
+            port: 8080,
+            max_idle_secs: 600,
+            want_kbps: None,
+        }
+    }
+
+    fn request(seq: Seq, request: Request) -> Inbound {
+        Inbound::Request { seq, request }
+    }
+
+    fn grant(kbps: u64) -> Grant {
+        Grant {
+            alias: "www-vh1.rescue.com".into(),
+            ip: [5, 6, 7, 8].into(),
+            port: 8080,
+            d_redi_kbps: kbps,
+        }
+    }
+
+    fn granted(core: &mut Core, peer: u32, kbps: u64) -> Vec<Action> {
+        let req = Request::Sos(sos());
+        core.on_message(
+            s(0),
+            PeerId(peer),
+            Inbound::Response {
+                seq: 1,
+                request: req,
+                response: Response::Granted(grant(kbps)),
+            },
+        )
+    }
+
+    /// An origin in SOS with rescue servers `peers` (each granted 100 kB/s).
+    fn origin_with(peers: &[u32]) -> Core {
+        let mut c = Core::new(origin_cfg()).unwrap();
+        for (k, &p) in peers.iter().enumerate() {
+            // Every current rescue server full: the next round is due.
+            let mut m = own(600.0);
+            for &q in &peers[..k] {
+                m.redirected.insert(PeerId(q), 95_000);
+            }
+            let acts = c.on_tick(s(k as u64 + 1), &m, &[cand(p, 5000.0)]);
+            assert_eq!(sends(&acts).len(), 1, "{acts:?}");
+            granted(&mut c, p, 100);
+        }
+        assert_eq!(c.rescuers().count(), peers.len());
+        c
+    }
+
+    #[test]
+    fn initial_allocation_above_t_alert_asks_the_largest_candidate() {
+        let mut c = Core::new(origin_cfg()).unwrap();
+        let cands = [cand(1, 2000.0), cand(2, 5000.0), cand(3, 4000.0)];
+        let acts = c.on_tick(s(1), &own(500.0), &cands);
+        assert!(sends(&acts).is_empty(), "50% is not above T_alert");
+        assert_eq!(c.state(), State::Normal);
+        let acts = c.on_tick(s(2), &own(501.0), &cands);
+        assert_eq!(
+            sends(&acts),
+            vec![(
+                PeerId(2),
+                Request::Sos(Sos {
+                    max_idle_secs: 300,
+                    ..sos()
+                })
+            )]
+        );
+        assert_eq!(c.state(), State::Sos);
+        assert!(acts.contains(&Action::StateChanged {
+            from: State::Normal,
+            to: State::Sos
+        }));
+        assert!(acts.contains(&Action::Advertise { d_free_kbps: 0.0 }));
+    }
+
+    #[test]
+    fn one_round_per_interval_and_refusals_back_off() {
+        let mut c = Core::new(origin_cfg()).unwrap();
+        let cands = [cand(1, 2000.0), cand(2, 5000.0)];
+        let ms = |m: u64| s(1) + Duration::from_millis(m);
+        assert_eq!(sends(&c.on_tick(s(1), &own(900.0), &cands)).len(), 1);
+        // Pending: no second SOS.
+        assert!(sends(&c.on_tick(ms(100), &own(900.0), &cands)).is_empty());
+        let acts = c.on_message(
+            ms(200),
+            PeerId(2),
+            Inbound::Response {
+                seq: 1,
+                request: Request::Sos(sos()),
+                response: Response::reject(),
+            },
+        );
+        assert!(acts.contains(&Action::StateChanged {
+            from: State::Sos,
+            to: State::Normal
+        }));
+        // Same interval as the last round: nothing yet.
+        assert!(sends(&c.on_tick(ms(500), &own(900.0), &cands)).is_empty());
+        // Next interval: the next candidate; the one that refused waits.
+        let acts = c.on_tick(s(2), &own(900.0), &cands);
+        assert_eq!(sends(&acts)[0].0, PeerId(1));
+        c.on_peer_lost(s(3), PeerId(1));
+        // Peer 2 refused in the second interval: it is asked again in the 32nd.
+        for t in 4..31 {
+            assert!(
+                sends(&c.on_tick(s(t), &own(900.0), &cands)).is_empty(),
+                "t={t}"
+            );
+        }
+        let acts = c.on_tick(s(40), &own(900.0), &cands);
+        assert_eq!(
+            sends(&acts)[0].0,
+            PeerId(2),
+            "asked again after the back-off"
+        );
+    }
+
+    #[test]
+    fn candidates_no_smaller_than_the_origin_and_in_new_domains_first() {
+        let mut c = origin_with(&[7]);
+        c.rescuers.get_mut(&PeerId(7)).unwrap().domain = Some("a.org".into());
+        let with = |p, k: f64, d: &str| Candidate {
+            peer: PeerId(p),
+            d_free_kbps: k,
+            domain: Some(d.into()),
+        };
+        let cands = [
+            with(1, 900.0, "b.org"),
+            with(2, 5000.0, "a.org"),
+            with(3, 1500.0, "c.org"),
+            with(4, 1200.0, "d.org"),
+        ];
+        assert_eq!(c.best_candidate(&cands).unwrap().peer, PeerId(3));
+        let small = [with(1, 900.0, "b.org"), with(5, 999.0, "a.org")];
+        assert_eq!(c.best_candidate(&small).unwrap().peer, PeerId(1));
+        // Rescue servers, origins, tiny and unusable candidates are never asked.
+        let none = [cand(7, 9000.0), cand(8, 5.0), cand(9, f64::NAN)];
+        assert!(c.best_candidate(&none).is_none());
+    }
+
+    #[test]
+    fn accepting_an_sos_grants_d_free_times_t_coff() {
+        let mut r = Core::new(rescue_cfg()).unwrap();
+        r.on_tick(s(1), &own(100.0), &[]);
+        let acts = r.on_message(s(1), PeerId(1), request(1, Request::Sos(sos())));
+        assert_eq!(
+            reply(&acts),
+            Response::Granted(Grant {
+                alias: "www-vh1.rescue.com".into(),
+                ip: [5, 6, 7, 8].into(),
+                port: 8080,
+                d_redi_kbps: 4500,
+            })
+        );
+        assert!(matches!(
+            &acts[1],
+            Action::OriginAdded { peer: PeerId(1), alias, d_alloc_kbps, .. }
+                if alias == "www-vh1.rescue.com" && *d_alloc_kbps == 5000.0
+        ));
+        assert_eq!(r.state(), State::Rescue);
+        assert_eq!(r.d_free(), 0.0);
+        // A repeated SOS gets the same grant, no new name.
+        let again = r.on_message(s(1), PeerId(1), request(2, Request::Sos(sos())));
+        assert!(matches!(reply(&again), Response::Granted(g) if g.alias == "www-vh1.rescue.com"));
+        assert_eq!(r.next_vhost_seq(), 2);
+        // Nothing left for a second origin.
+        let other = r.on_message(s(1), PeerId(2), request(1, Request::Sos(sos())));
+        assert_eq!(reply(&other), Response::reject());
+    }
+
+    #[test]
+    fn grants_are_capped_and_names_never_reused() {
+        let mut cfg = rescue_cfg();
+        cfg.max_grant_kbps = Some(1000.0);
+        let mut r = Core::new(cfg).unwrap();
+        let want = Sos {
+            want_kbps: Some(200),
+            ..sos()
+        };
+        let a = r.on_message(s(0), PeerId(1), request(1, Request::Sos(want)));
+        assert!(matches!(reply(&a), Response::Granted(g) if g.d_redi_kbps == 180));
+        let b = r.on_message(s(0), PeerId(2), request(1, Request::Sos(sos())));
+        assert!(
+            matches!(reply(&b), Response::Granted(g) if g.d_redi_kbps == 900 && g.alias == "www-vh2.rescue.com")
+        );
+        assert_eq!(r.d_free(), 5_000_000.0 - 200_000.0 - 1_000_000.0);
+        r.on_message(s(0), PeerId(1), request(2, Request::Shutdown));
+        let c = r.on_message(s(0), PeerId(1), request(3, Request::Sos(sos())));
+        assert!(matches!(reply(&c), Response::Granted(g) if g.alias == "www-vh3.rescue.com"));
+    }
+
+    #[test]
+    fn sos_refused_in_sos_state_and_when_busy() {
+        let mut c = origin_with(&[7]);
+        assert_eq!(c.state(), State::Sos);
+        let acts = c.on_message(s(5), PeerId(3), request(1, Request::Sos(sos())));
+        assert_eq!(acts.len(), 1);
+        assert_eq!(
+            acts[0],
+            Action::Reply {
+                peer: PeerId(3),
+                seq: 1,
+                response: Response::reject()
+            }
+        );
+        assert_eq!(c.origins().count(), 0);
+
+        // A pending SOS is SOS too.
+        let mut p = Core::new(origin_cfg()).unwrap();
+        p.on_tick(s(1), &own(800.0), &[cand(1, 5000.0)]);
+        let acts = p.on_message(s(1), PeerId(2), request(1, Request::Sos(sos())));
+        assert_eq!(reply(&acts), Response::reject());
+
+        // Own load above T_alert.
+        let mut r = Core::new(rescue_cfg()).unwrap();
+        r.on_tick(s(1), &own(5001.0), &[]);
+        let acts = r.on_message(s(1), PeerId(2), request(1, Request::Sos(sos())));
+        assert_eq!(reply(&acts), Response::reject());
+    }
+
+    #[test]
+    fn d_redi_follows_the_rescue_load_with_rate_messages() {
+        let mut cfg = rescue_cfg();
+        cfg.max_grant_kbps = Some(1000.0);
+        let mut r = Core::new(cfg).unwrap();
+        r.on_message(s(0), PeerId(1), request(1, Request::Sos(sos())));
+        // D_alloc 1000, D_init 900. Over D_alloc by 25%: D_redi 900 / 1.25 = 720.
+        let acts = r.on_tick(s(1), &rescue_traffic(0.0, &[(1, 1250.0)]), &[]);
+        assert_eq!(sends(&acts), vec![(PeerId(1), Request::Rate { kbps: 720 })]);
+        // Between D_init and D_alloc: unchanged, nothing sent.
+        let acts = r.on_tick(s(2), &rescue_traffic(0.0, &[(1, 950.0)]), &[]);
+        assert!(sends(&acts).is_empty());
+        // Below D_init with D_redi below D_init: back to D_init.
+        let acts = r.on_tick(s(3), &rescue_traffic(0.0, &[(1, 500.0)]), &[]);
+        assert_eq!(sends(&acts), vec![(PeerId(1), Request::Rate { kbps: 900 })]);
+        let acts = r.on_tick(s(4), &rescue_traffic(0.0, &[(1, 500.0)]), &[]);
+        assert!(sends(&acts).is_empty());
+    }
+
+    #[test]
+    fn idle_shutdown_after_max_idle() {
+        let mut r = Core::new(rescue_cfg()).unwrap();
+        let short = Sos {
+            max_idle_secs: 5,
+            ..sos()
+        };
+        r.on_message(s(0), PeerId(1), request(1, Request::Sos(short)));
+        for t in 1..=5 {
+            let acts = r.on_tick(s(t), &own(0.0), &[]);
+            assert!(sends(&acts).is_empty(), "t={t}");
+        }
+        // Traffic restarts the count.
+        r.on_tick(s(6), &rescue_traffic(0.0, &[(1, 1.0)]), &[]);
+        for t in 7..=11 {
+            assert!(sends(&r.on_tick(s(t), &own(0.0), &[])).is_empty());
+        }
+        let acts = r.on_tick(s(12), &own(0.0), &[]);
+        assert_eq!(sends(&acts), vec![(PeerId(1), Request::Shutdown)]);
+        assert!(acts.iter().any(|a| matches!(
+            a,
+            Action::OriginEnded { reason: EndReason::IdleShutdown, alias, .. } if alias == "www-vh1.rescue.com"
+        )));
+        assert_eq!(r.state(), State::Normal);
+    }
+
+    #[test]
+    fn overload_shutdown_complete_then_own_allocation() {
+        let mut r = Core::new(rescue_cfg()).unwrap();
+        r.on_message(s(0), PeerId(1), request(1, Request::Sos(sos())));
+        let acts = r.on_tick(
+            s(1),
+            &rescue_traffic(5100.0, &[(1, 100.0)]),
+            &[cand(9, 20000.0)],
+        );
+        let sent = sends(&acts);
+        assert_eq!(sent[0], (PeerId(1), Request::Shutdown));
+        assert!(matches!(&sent[1], (PeerId(9), Request::Sos(_))), "{sent:?}");
+        assert_eq!(r.state(), State::Sos);
+        let order: Vec<_> = acts
+            .iter()
+            .filter_map(|a| match a {
+                Action::StateChanged { from, to } => Some((*from, *to)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            order,
+            vec![(State::Rescue, State::Normal), (State::Normal, State::Sos)]
+        );
+    }
+
+    #[test]
+    fn overload_shutdown_partial_drops_the_heaviest_origin() {
+        let mut cfg = rescue_cfg();
+        cfg.max_grant_kbps = Some(1000.0);
+        let mut r = Core::new(cfg).unwrap();
+        for p in 1..=3 {
+            r.on_message(s(0), PeerId(p), request(1, Request::Sos(sos())));
+        }
+        // d_resc 7600 of D_out 10000 > T_high.
+        let m = rescue_traffic(0.0, &[(1, 2000.0), (2, 3600.0), (3, 2000.0)]);
+        let acts = r.on_tick(s(1), &m, &[]);
+        assert_eq!(sends(&acts)[0], (PeerId(2), Request::Shutdown));
+        assert_eq!(r.origins().collect::<Vec<_>>(), [PeerId(1), PeerId(3)]);
+        assert_eq!(r.state(), State::Rescue);
+    }
+
+    #[test]
+    fn complete_release_after_n_low_low_intervals() {
+        let mut c = origin_with(&[7, 8]);
+        // Both rescue servers busy (20% of D_redi): no partial release on the way.
+        let low = |kbps: f64| {
+            let mut m = own(kbps);
+            m.redirected.insert(PeerId(7), 20_000);
+            m.redirected.insert(PeerId(8), 20_000);
+            m
+        };
+        for t in 0..29 {
+            let acts = c.on_tick(s(100 + t), &low(99.0), &[]);
+            assert!(sends(&acts).is_empty(), "t={t}");
+        }
+        // One interval at T_low restarts the count.
+        c.on_tick(s(129), &low(100.0), &[]);
+        for t in 0..29 {
+            assert!(sends(&c.on_tick(s(130 + t), &low(0.0), &[])).is_empty());
+        }
+        let acts = c.on_tick(s(159), &low(0.0), &[]);
+        assert_eq!(
+            sends(&acts),
+            vec![(PeerId(7), Request::Shutdown), (PeerId(8), Request::Shutdown)]
+        );
+        assert!(acts.contains(&Action::RescuerEnded {
+            peer: PeerId(8),
+            reason: EndReason::CompleteRelease
+        }));
+        assert_eq!(c.state(), State::Normal);
+        let plan = acts.iter().find_map(|a| match a {
+            Action::Redirect(p) => Some(p),
+            _ => None,
+        });
+        assert!(!plan.expect("a plan that stops redirecting").is_active());
+    }
+
+    #[test]
+    fn partial_release_of_the_smallest_d_redi() {
+        let mut c = origin_with(&[7, 8, 9]);
+        c.rescuers.get_mut(&PeerId(8)).unwrap().grant.d_redi_kbps = 50;
+        // d_out at 50%: not low; redirect levels 0: low.
+        for t in 0..29 {
+            assert!(sends(&c.on_tick(s(100 + t), &own(500.0), &[])).is_empty());
+        }
+        let acts = c.on_tick(s(129), &own(500.0), &[]);
+        assert_eq!(sends(&acts), vec![(PeerId(8), Request::Shutdown)]);
+        assert!(acts.contains(&Action::RescuerEnded {
+            peer: PeerId(8),
+            reason: EndReason::PartialRelease
+        }));
+        // The others' counts restarted: the next partial release is N_low intervals away.
+        for t in 0..29 {
+            assert!(sends(&c.on_tick(s(130 + t), &own(500.0), &[])).is_empty());
+        }
+        assert_eq!(
+            sends(&c.on_tick(s(159), &own(500.0), &[])),
+            vec![(PeerId(7), Request::Shutdown)]
+        );
+        // The last one goes only by complete release.
+        for t in 0..100 {
+            assert!(sends(&c.on_tick(s(160 + t), &own(500.0), &[])).is_empty());
+        }
+    }
+
+    #[test]
+    fn additional_allocation_when_every_rescue_server_reaches_t_coff() {
+        let mut c = origin_with(&[7]);
+        let mut m = own(700.0);
+        m.redirected.insert(PeerId(7), 89_000);
+        let cands = [cand(7, 5000.0), cand(8, 3000.0)];
+        assert!(
+            sends(&c.on_tick(s(10), &m, &cands)).is_empty(),
+            "89% < T_coff"
+        );
+        m.redirected.insert(PeerId(7), 90_000);
+        let acts = c.on_tick(s(11), &m, &cands);
+        assert!(matches!(&sends(&acts)[..], [(PeerId(8), Request::Sos(_))]));
+    }
+
+    #[test]
+    fn t_redi_falls_with_the_redirect_rate() {
+        let mut c = origin_with(&[7]);
+        let mut m = own(700.0);
+        // 500 redirects of 468 accounted bytes: T_redi = 0.75 − 500 × 468 / 1e6.
+        m.redirects = 500;
+        m.redirect_bytes = 500 * 468;
+        let acts = c.on_tick(s(10), &m, &[]);
+        let Some(Action::Redirect(plan)) = acts.iter().find(|a| matches!(a, Action::Redirect(_)))
+        else {
+            panic!("no plan")
+        };
+        assert!((plan.t_redi - (0.75 - 0.234)).abs() < 1e-12);
+        assert_eq!(plan.a_redi, 468.0);
+        assert_eq!(plan.targets[0].d_redi, 100_000.0);
+        // Past D_out × T_high / A_redi (1603/s): T_redi = 0.
+        m.redirects = 1700;
+        m.redirect_bytes = 1700 * 468;
+        c.on_tick(s(11), &m, &[]);
+        assert_eq!(c.status().t_redi, 0.0);
+        // A_redi follows the measured size.
+        m.redirects = 10;
+        m.redirect_bytes = 5000;
+        c.on_tick(s(12), &m, &[]);
+        assert_eq!(c.status().a_redi, 500.0);
+    }
+
+    #[test]
+    fn rate_and_shutdown_from_peers() {
+        let mut c = origin_with(&[7]);
+        let acts = c.on_message(s(5), PeerId(7), request(4, Request::Rate { kbps: 60 }));
+        assert_eq!(reply(&acts), Response::Ok);
+        assert!(matches!(&acts[1], Action::Redirect(p) if p.targets[0].d_redi == 60_000.0));
+        let acts = c.on_message(s(5), PeerId(8), request(1, Request::Rate { kbps: 60 }));
+        assert_eq!(reply(&acts), Response::refused(code::NO_RELATIONSHIP));
+        let acts = c.on_message(s(5), PeerId(7), request(5, Request::Shutdown));
+        assert_eq!(reply(&acts), Response::Ok);
+        assert!(acts.contains(&Action::RescuerEnded {
+            peer: PeerId(7),
+            reason: EndReason::PeerShutdown
+        }));
+        assert_eq!(c.state(), State::Normal);
+        // A SHUTDOWN for nothing is answered OK (both sides may shut down at once).
+        let acts = c.on_message(s(5), PeerId(7), request(6, Request::Shutdown));
+        assert_eq!(acts.len(), 1);
+        assert_eq!(reply(&acts), Response::Ok);
+    }
+
+    #[test]
+    fn rate_refused_ends_the_rescue() {
+        let mut r = Core::new(rescue_cfg()).unwrap();
+        r.on_message(s(0), PeerId(1), request(1, Request::Sos(sos())));
+        let acts = r.on_message(
+            s(1),
+            PeerId(1),
+            Inbound::Response {
+                seq: 1,
+                request: Request::Rate { kbps: 3 },
+                response: Response::refused(code::NO_RELATIONSHIP),
+            },
+        );
+        assert!(acts.iter().any(|a| matches!(
+            a,
+            Action::OriginEnded {
+                reason: EndReason::PeerRefused,
+                ..
+            }
+        )));
+        assert_eq!(r.state(), State::Normal);
+    }
+
+    #[test]
+    fn lost_connection_ends_the_relationship_on_this_side() {
+        let mut c = origin_with(&[7, 8]);
+        let acts = c.on_peer_lost(s(9), PeerId(7));
+        assert_eq!(
+            acts[0],
+            Action::RescuerEnded {
+                peer: PeerId(7),
+                reason: EndReason::ConnectionLost
+            }
+        );
+        assert!(matches!(&acts[1], Action::Redirect(p) if p.targets.len() == 1));
+        let mut r = Core::new(rescue_cfg()).unwrap();
+        r.on_message(s(0), PeerId(1), request(1, Request::Sos(sos())));
+        let acts = r.on_peer_lost(s(1), PeerId(1));
+        assert!(matches!(
+            &acts[0],
+            Action::OriginEnded {
+                reason: EndReason::ConnectionLost,
+                ..
+            }
+        ));
+        assert_eq!(r.state(), State::Normal);
+        assert!(acts.contains(&Action::Advertise {
+            d_free_kbps: 5000.0
+        }));
+    }
+
+    #[test]
+    fn a_grant_that_is_no_longer_needed_is_shut_down() {
+        let mut c = Core::new(origin_cfg()).unwrap();
+        c.on_tick(s(1), &own(800.0), &[cand(1, 5000.0)]);
+        let acts = granted(&mut c, 2, 100);
+        assert_eq!(
+            sends(&acts),
+            vec![(PeerId(2), Request::Shutdown)],
+            "not the pending peer"
+        );
+        assert_eq!(c.state(), State::Sos, "still waiting for peer 1");
+        c.pending.as_mut().unwrap().unneeded = true;
+        let acts = granted(&mut c, 1, 100);
+        assert_eq!(sends(&acts), vec![(PeerId(1), Request::Shutdown)]);
+        assert_eq!(c.state(), State::Normal);
+        assert_eq!(c.rescuers().count(), 0);
+    }
+
+    #[test]
+    fn d_free_per_state() {
+        let mut r = Core::new(rescue_cfg()).unwrap();
+        assert_eq!(r.d_free(), 5_000_000.0);
+        let acts = r.on_tick(s(1), &own(0.0), &[]);
+        assert!(acts.contains(&Action::Advertise {
+            d_free_kbps: 5000.0
+        }));
+        let acts = r.on_tick(s(2), &own(0.0), &[]);
+        assert!(
+            !acts.iter().any(|a| matches!(a, Action::Advertise { .. })),
+            "only on change"
+        );
+        let c = origin_with(&[7]);
+        assert_eq!(c.d_free(), 0.0);
+    }
+}
