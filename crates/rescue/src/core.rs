@@ -1323,7 +1323,10 @@ mod tests {
         let acts = c.on_tick(s(159), &low(0.0), &[]);
         assert_eq!(
             sends(&acts),
-            vec![(PeerId(7), Request::Shutdown), (PeerId(8), Request::Shutdown)]
+            vec![
+                (PeerId(7), Request::Shutdown),
+                (PeerId(8), Request::Shutdown)
+            ]
         );
         assert!(acts.contains(&Action::RescuerEnded {
             peer: PeerId(8),
