@@ -294,7 +294,7 @@ impl RescueConfig {
         range("t_alert", self.t_alert, 0.40, true, 0.60, true)?;
         range("t_high", self.t_high, 0.60, true, 0.80, true)?;
         range("t_coff", self.t_coff, 0.80, true, 1.0, false)?;
-        if !(self.t_alert < self.t_high) {
+        if self.t_alert >= self.t_high {
             return err("t_high", "must be above t_alert".into());
         }
         if self.control_interval_ms == 0 || self.control_interval_ms > 3_600_000 {
@@ -407,7 +407,8 @@ mod tests {
 
     #[test]
     fn ranges_of_table_1() {
-        let bad: Vec<(&str, fn(&mut RescueConfig))> = vec![
+        type Breaks = fn(&mut RescueConfig);
+        let bad: Vec<(&str, Breaks)> = vec![
             ("t_low", |c| c.t_low = 0.0),
             ("t_low", |c| c.t_low = 0.21),
             ("t_alert", |c| c.t_alert = 0.39),

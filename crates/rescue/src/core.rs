@@ -746,10 +746,9 @@ impl Core {
                         }
                     }
                 }
-                (Request::Sos(_), _) => {
-                    if self.pending.take_if(|p| p.peer == peer).is_some() {
-                        self.back_off(peer);
-                    }
+                (Request::Sos(_), _) if self.pending.as_ref().is_some_and(|p| p.peer == peer) => {
+                    self.pending = None;
+                    self.back_off(peer);
                 }
                 (Request::Rate { .. }, Response::Refused { .. }) => {
                     if let Some(o) = self.origins.remove(&peer) {

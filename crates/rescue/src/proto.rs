@@ -752,7 +752,8 @@ mod tests {
     #[test]
     fn rejects_malformed_lines() {
         use ProtoError::*;
-        let cases: &[(&str, fn(&ProtoError) -> bool)] = &[
+        type Expect = fn(&ProtoError) -> bool;
+        let cases: &[(&str, Expect)] = &[
             ("", |e| *e == Empty),
             (" 1 SHUTDOWN", |e| *e == BadSpacing),
             ("1  SHUTDOWN", |e| *e == BadSpacing),

@@ -406,7 +406,7 @@ proptest! {
     /// Arbitrary lines never panic the decoder, and what decodes re-encodes to a line that
     /// decodes to the same message.
     #[test]
-    fn decoder_total(line in prop::collection::vec(prop_oneof![Just(b' '), Just(b'1'), Just(b'.'), any::<u8>(), b'a'..b'z', b'0'..b'9'], 0..80)) {
+    fn decoder_total(line in prop::collection::vec(prop_oneof![Just(b' '), Just(b'1'), Just(b'.'), any::<u8>(), b'a'..=b'z', b'0'..=b'9'], 0..80)) {
         if let Ok(m) = Message::decode(&line) {
             let again = m.to_line().unwrap();
             prop_assert_eq!(Message::decode(&again[..again.len() - 1]).unwrap(), m);
