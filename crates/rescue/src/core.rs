@@ -71,10 +71,11 @@ use crate::session::{Inbound, Session};
 use crate::PeerId;
 
 /// The three mutually exclusive states of §3.1.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum State {
-    /// Neither getting nor giving rescue.
+    /// Neither getting nor giving rescue (where every server starts).
+    #[default]
     Normal,
     /// Getting rescue (or asking for it).
     Sos,
