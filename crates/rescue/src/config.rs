@@ -1,5 +1,15 @@
 //! The rescue settings: the `[rescue]` table of the configuration file, with the defaults and
 //! ranges of seed 001 Table 1.
+//!
+//! ```toml
+//! [rescue]
+//! server_name = "www.origin.com"   # required: FQDN, base of the virtual host names
+//! web_ip = "1.2.3.4"               # required
+//! web_port = 8080                  # required
+//! bandwidth_kbps = 1250            # required: B; D_out = B × U = 1000 kB/s
+//! # usable = 0.8   t_low = 0.10   t_alert = 0.50   t_high = 0.75   t_coff = 0.90
+//! # control_interval_ms = 1000   n_low = 30   max_idle_secs = 300   a_redi_bytes = 468
+//! ```
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -373,6 +383,21 @@ mod tests {
             c,
             RescueConfig::new("www.origin.com", [1, 2, 3, 4].into(), 8080, 1250.0)
         );
+    }
+
+    #[test]
+    fn reads_as_a_rescue_table() {
+        #[derive(Deserialize)]
+        struct File {
+            rescue: RescueConfig,
+        }
+        let f: File = toml::from_str(
+            "[rescue]\nserver_name = \"www.origin.com\"\nweb_ip = \"1.2.3.4\"\nweb_port = 8080\nbandwidth_kbps = 1250\nn_low = 10\n",
+        )
+        .unwrap();
+        assert_eq!(f.rescue.n_low, 10);
+        assert_eq!(f.rescue.max_idle(), 100);
+        f.rescue.validate().unwrap();
     }
 
     #[test]

@@ -670,7 +670,8 @@ impl Core {
             })
     }
 
-    /// A message from `peer`, as the session delivered it.
+    /// A message from `peer`, as the session delivered it. (`now` is taken for symmetry with
+    /// [`Core::on_tick`]; the core's timers count control intervals.)
     pub fn on_message(&mut self, now: Duration, peer: PeerId, msg: Inbound) -> Vec<Action> {
         let _ = now;
         let mut acts = Vec::new();
@@ -768,8 +769,8 @@ impl Core {
         acts
     }
 
-    /// The connection to `peer` is gone (or could not be made): every relationship with it
-    /// ends on this side, and a pending SOS to it counts as refused.
+    /// The connection to `peer` is gone (or could not be made, or a `Send` found no session):
+    /// every relationship with it ends on this side, and a pending SOS to it counts as refused.
     pub fn on_peer_lost(&mut self, now: Duration, peer: PeerId) -> Vec<Action> {
         let _ = now;
         let mut acts = Vec::new();

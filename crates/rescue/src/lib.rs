@@ -39,7 +39,8 @@
 //! for an SOS), `Redirect` into the redirector, the rest to DNS, the registry, the virtual-host
 //! table and logs. Under tokio: the core in a mutex (its calls are short and never block) or in
 //! one task that owns it and receives events on a channel; each connection task sleeps until
-//! [`Session::next_deadline`] and then calls [`Session::check_timeouts`].
+//! [`Session::next_deadline`] and then calls [`Session::check_timeouts`]. A connection may be
+//! closed once [`Core::has_relationship`] is false for its peer and [`Session::is_idle`].
 //!
 //! ```
 //! use std::time::Duration;
