@@ -38,11 +38,13 @@
 //!    D_redi / (d_resc(S_o)/D_alloc), else if d_resc(S_o) < D_init and D_redi < D_init then
 //!    D_redi ← D_init; a change of the value on the wire (whole kB/s) is sent as RATE.
 //! 5. Allocation, at most one round per I_ctrl, and one SOS at a time: *initial* in the normal
-//!    state when d_out/D_out > T_alert; *additional* when every rescue server's level has
+//!    state when d_out/D_out > T_alert (d_out being d_self there: the rescue traffic of
+//!    relationships that ended in this interval does not count); *additional* when every rescue server's level has
 //!    reached T_coff. The round asks the best candidate: first those with at least D_out of free
 //!    capacity (an origin wants rescue servers no smaller than itself, §4.5), among them first
 //!    those in a domain none of its rescue servers is in, then the largest d_free. Candidates
-//!    that refused or could not be reached are skipped for `retry_refused_intervals`.
+//!    that refused, could not be reached, shut the origin down or lost its connection are
+//!    skipped for `retry_refused_intervals`.
 //! 6. T_redi = T_high − R_redi × A_redi / D_out, floored at 0, and a [`RedirectPlan`] for the
 //!    request path.
 //! 7. d_free (D_resc normal, 0 in SOS, D_resc minus the allocations in rescue) is advertised
@@ -601,7 +603,9 @@ impl Core {
             .last_round
             .is_none_or(|t| now.saturating_sub(t) >= self.interval);
         let wanted = match self.state {
-            State::Normal => load > self.cfg.t_alert,
+            // In the normal state d_out is d_self: rescue traffic measured now belongs to
+            // relationships that have just ended and is going away.
+            State::Normal => self.rates.d_self / self.d_out > self.cfg.t_alert,
             State::Sos => {
                 self.pending.is_none()
                     && !self.rescuers.is_empty()
@@ -689,6 +693,7 @@ impl Core {
                     },
                     Request::Shutdown => {
                         if self.rescuers.remove(&peer).is_some() {
+                            self.back_off(peer);
                             acts.push(Action::RescuerEnded {
                                 peer,
                                 reason: EndReason::PeerShutdown,
@@ -778,6 +783,7 @@ impl Core {
             self.back_off(peer);
         }
         if self.rescuers.remove(&peer).is_some() {
+            self.back_off(peer);
             acts.push(Action::RescuerEnded {
                 peer,
                 reason: EndReason::ConnectionLost,
@@ -1300,6 +1306,17 @@ mod tests {
         assert_eq!(sends(&acts)[0], (PeerId(2), Request::Shutdown));
         assert_eq!(r.origins().collect::<Vec<_>>(), [PeerId(1), PeerId(3)]);
         assert_eq!(r.state(), State::Rescue);
+    }
+
+    #[test]
+    fn shedding_the_last_origin_is_no_reason_for_an_sos() {
+        let mut r = Core::new(rescue_cfg()).unwrap();
+        r.on_message(s(0), PeerId(1), request(1, Request::Sos(sos())));
+        // d_resc 8000 of 10000 kB/s: overload shutdown; d_self 500 is far from T_alert.
+        let m = rescue_traffic(500.0, &[(1, 8000.0)]);
+        let acts = r.on_tick(s(1), &m, &[cand(9, 20000.0)]);
+        assert_eq!(sends(&acts), vec![(PeerId(1), Request::Shutdown)]);
+        assert_eq!(r.state(), State::Normal);
     }
 
     #[test]

@@ -134,10 +134,14 @@ proptest! {
         for op in ops {
             let before = core.state();
             let pending = core.status().pending_sos;
-            if let Op::Refused(p) | Op::Lost(p) = op {
-                if pending == Some(PeerId(p as u32)) {
+            match op {
+                Op::Refused(p) | Op::Lost(p) if pending == Some(PeerId(p as u32)) => {
                     backoff.insert(PeerId(p as u32), ticks + c0.retry_refused_intervals as u64);
                 }
+                Op::Shutdown(p) | Op::Lost(p) if core.rescuers().any(|r| r == PeerId(p as u32)) => {
+                    backoff.insert(PeerId(p as u32), ticks + c0.retry_refused_intervals as u64);
+                }
+                _ => {}
             }
             let acts = match &op {
                 Op::Tick { gap_ms, own, resc, levels, redirects, cands } => {
