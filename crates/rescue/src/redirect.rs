@@ -16,7 +16,9 @@
 //!   budget cannot take the file is passed over. When none can, the origin serves the request
 //!   itself ([`Route::Serve`]; counted in [`RedirectStats::no_budget`]).
 //! * **Small files: weighted round robin** on D_redi (§4.2), the smooth variant: in any run of
-//!   picks each server gets its share of the weights, interleaved.
+//!   picks each server gets its share of the weights, interleaved. (§5.4.2 says "least loaded"
+//!   instead; the weighted round robin is what gives Fig. 11 its rescue rates in proportion to
+//!   capacity, and the budgets already keep any server from being overloaded.)
 //! * **Large files** (at least `large_file_bytes`): consistent hashing of the path (§4.2), so a
 //!   large file keeps going to the server that has cached it; "constrained by load": the walk
 //!   clockwise from the path's point takes the first server whose budget can take the file.
