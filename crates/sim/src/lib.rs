@@ -56,7 +56,8 @@
 //! JSON. [`sweep`] runs series × cluster sizes on several threads; [`plot`] draws SVG charts in
 //! the style of seed 003 Figs. 5–8; [`analysis`] reproduces the §5 comparison of multiple handoff
 //! and back-end forwarding by response size; [`paper`] runs the whole §5–§6 reproduction and
-//! checks the paper's findings; [`cli`] is `switchyard sim`.
+//! checks the paper's findings; [`cli`] is `switchyard sim`. [`rescue`] runs a different model:
+//! an origin site and rescue servers driven by the rescue core of `switchyard-rescue` (seed 001).
 //!
 //! # Example
 //!
@@ -88,6 +89,7 @@ mod error;
 pub mod paper;
 pub mod plot;
 pub mod report;
+pub mod rescue;
 mod sim;
 pub mod sweep;
 pub mod workload;

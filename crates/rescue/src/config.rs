@@ -1,0 +1,476 @@
+//! The rescue settings: the `[rescue]` table of the configuration file, with the defaults and
+//! ranges of seed 001 Table 1.
+//!
+//! ```toml
+//! [rescue]
+//! server_name = "www.origin.com"   # required: FQDN, base of the virtual host names
+//! web_ip = "1.2.3.4"               # required
+//! web_port = 8080                  # required
+//! bandwidth_kbps = 1250            # required: B; D_out = B × U = 1000 kB/s
+//! # usable = 0.8   t_low = 0.10   t_alert = 0.50   t_high = 0.75   t_coff = 0.90
+//! # control_interval_ms = 1000   n_low = 30   max_idle_secs = 300   a_redi_bytes = 468
+//! ```
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ConfigError;
+use crate::proto::{valid_name, MAX_RATE_KBPS};
+
+/// Bytes of TCP/IP and Ethernet headers and trailers a redirect costs beyond its own bytes:
+/// (40 + 32×4) + 20×5 + (14 + 4)×5 (seed 001 §4.3).
+pub const REDIRECT_OVERHEAD_BYTES: u64 = 358;
+
+/// Rescue settings. Every key but the server's identity and bandwidth has a default; the
+/// thresholds default to Table 1 and must lie in its ranges.
+///
+/// Rates are in kB/s (1 kB = 1000 bytes), thresholds are fractions (0.5 = 50%).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RescueConfig {
+    /// The server's configured name (FQDN, Apache's `ServerName`): sent in SOS requests, and the
+    /// base of the virtual host names given to origins (`www.rescue.com` → `www-vh1.rescue.com`).
+    pub server_name: String,
+    /// Domain for virtual host names instead of the server name's own: with `host = "foo"` and
+    /// this `dotslash.example.org`, names are `foo-vh<n>.dotslash.example.org` (§4.1).
+    #[serde(default)]
+    pub vhost_domain: Option<String>,
+    /// The host part used with `vhost_domain`; defaults to the first label of `server_name`.
+    #[serde(default)]
+    pub vhost_host: Option<String>,
+    /// The IP address clients and peers reach the web server at (sent in SOS and in grants).
+    pub web_ip: IpAddr,
+    /// The web port.
+    pub web_port: u16,
+    /// B: outbound bandwidth, kB/s.
+    pub bandwidth_kbps: f64,
+    /// U: the share of B usable for HTTP traffic. Default 0.8.
+    #[serde(default = "d_usable")]
+    pub usable: f64,
+    /// D_out, kB/s, when set directly (the paper's experiments set only this); default B × U.
+    #[serde(default)]
+    pub d_out_kbps: Option<f64>,
+    /// T_low, release threshold. Default 0.10, range (0, 0.20].
+    #[serde(default = "d_t_low")]
+    pub t_low: f64,
+    /// T_alert, initial allocation. Default 0.50, range [0.40, 0.60].
+    #[serde(default = "d_t_alert")]
+    pub t_alert: f64,
+    /// T_high, redirects start. Default 0.75, range [0.60, 0.80].
+    #[serde(default = "d_t_high")]
+    pub t_high: f64,
+    /// T_coff, additional allocation. Default 0.90, range [0.80, 1.0).
+    #[serde(default = "d_t_coff")]
+    pub t_coff: f64,
+    /// I_ctrl, the control interval, milliseconds. Default 1000.
+    #[serde(default = "d_i_ctrl")]
+    pub control_interval_ms: u64,
+    /// N_low: intervals below T_low that make a load level consistently low. Default 30.
+    #[serde(default = "d_n_low")]
+    pub n_low: u32,
+    /// MaxIdle sent in this server's SOS requests, seconds. Default 10 × N_low × I_ctrl.
+    #[serde(default)]
+    pub max_idle_secs: Option<u32>,
+    /// A_redi before any redirect has been measured, bytes. Default 468 (§4.3); afterwards the
+    /// mean accounted size of the last interval's redirects is used.
+    #[serde(default = "d_a_redi")]
+    pub a_redi_bytes: f64,
+    /// Files of at least this many bytes are redirected by consistent hashing, smaller ones by
+    /// weighted round robin. Default 1 MiB.
+    #[serde(default = "d_large")]
+    pub large_file_bytes: u64,
+    /// Ring points per rescue server for the consistent hashing of large files. Default 64.
+    #[serde(default = "d_points")]
+    pub chash_points: u32,
+    /// The allocation asked for in SOS requests, kB/s; unset: as much as the rescue server gives.
+    #[serde(default)]
+    pub sos_want_kbps: Option<u64>,
+    /// Smallest allocation this server grants, kB/s; with less free capacity an SOS is refused.
+    /// Default 10.
+    #[serde(default = "d_min_grant")]
+    pub min_grant_kbps: f64,
+    /// Largest allocation D_alloc this server grants one origin, kB/s; unset: all its free
+    /// rescue capacity (as in the paper's experiments).
+    #[serde(default)]
+    pub max_grant_kbps: Option<f64>,
+    /// Most origins rescued at once. Default 8.
+    #[serde(default = "d_max_origins")]
+    pub max_origins: usize,
+    /// Control intervals before a candidate that refused an SOS (or could not be reached) is
+    /// asked again. Default 30.
+    #[serde(default = "d_retry")]
+    pub retry_refused_intervals: u32,
+    /// How long a protocol request may wait for its answer, milliseconds. Default 10000.
+    #[serde(default = "d_timeout")]
+    pub request_timeout_ms: u64,
+    /// The first virtual host sequence number. Names are never reused, so a restarted server
+    /// should start above the last one it gave out ([`crate::Core::next_vhost_seq`]). Default 1.
+    #[serde(default = "d_first_vhost")]
+    pub first_vhost_seq: u64,
+    /// The status page, never redirected. Default `/dotslash-status`.
+    #[serde(default = "d_status")]
+    pub status_path: String,
+}
+
+fn d_usable() -> f64 {
+    0.8
+}
+fn d_t_low() -> f64 {
+    0.10
+}
+fn d_t_alert() -> f64 {
+    0.50
+}
+fn d_t_high() -> f64 {
+    0.75
+}
+fn d_t_coff() -> f64 {
+    0.90
+}
+fn d_i_ctrl() -> u64 {
+    1000
+}
+fn d_n_low() -> u32 {
+    30
+}
+fn d_a_redi() -> f64 {
+    468.0
+}
+fn d_large() -> u64 {
+    1 << 20
+}
+fn d_points() -> u32 {
+    64
+}
+fn d_min_grant() -> f64 {
+    10.0
+}
+fn d_max_origins() -> usize {
+    8
+}
+fn d_retry() -> u32 {
+    30
+}
+fn d_timeout() -> u64 {
+    10_000
+}
+fn d_first_vhost() -> u64 {
+    1
+}
+fn d_status() -> String {
+    "/dotslash-status".to_string()
+}
+
+impl RescueConfig {
+    /// The defaults for a server with this identity and outbound bandwidth B (kB/s).
+    pub fn new(server_name: &str, web_ip: IpAddr, web_port: u16, bandwidth_kbps: f64) -> Self {
+        RescueConfig {
+            server_name: server_name.to_string(),
+            vhost_domain: None,
+            vhost_host: None,
+            web_ip,
+            web_port,
+            bandwidth_kbps,
+            usable: d_usable(),
+            d_out_kbps: None,
+            t_low: d_t_low(),
+            t_alert: d_t_alert(),
+            t_high: d_t_high(),
+            t_coff: d_t_coff(),
+            control_interval_ms: d_i_ctrl(),
+            n_low: d_n_low(),
+            max_idle_secs: None,
+            a_redi_bytes: d_a_redi(),
+            large_file_bytes: d_large(),
+            chash_points: d_points(),
+            sos_want_kbps: None,
+            min_grant_kbps: d_min_grant(),
+            max_grant_kbps: None,
+            max_origins: d_max_origins(),
+            retry_refused_intervals: d_retry(),
+            request_timeout_ms: d_timeout(),
+            first_vhost_seq: d_first_vhost(),
+            status_path: d_status(),
+        }
+    }
+
+    /// The same server with D_out set directly, kB/s.
+    pub fn with_d_out(mut self, d_out_kbps: f64) -> Self {
+        self.d_out_kbps = Some(d_out_kbps);
+        self
+    }
+
+    /// D_out = B × U (or the configured value), bytes per second.
+    pub fn d_out(&self) -> f64 {
+        self.d_out_kbps.unwrap_or(self.bandwidth_kbps * self.usable) * 1000.0
+    }
+
+    /// D_resc = D_out × (1 − T_alert), bytes per second (§4.5).
+    pub fn d_resc(&self) -> f64 {
+        self.d_out() * (1.0 - self.t_alert)
+    }
+
+    /// I_ctrl.
+    pub fn control_interval(&self) -> Duration {
+        Duration::from_millis(self.control_interval_ms)
+    }
+
+    /// MaxIdle for this server's SOS requests, seconds (default 10 × N_low × I_ctrl).
+    pub fn max_idle(&self) -> u32 {
+        self.max_idle_secs.unwrap_or_else(|| {
+            let ms = 10 * self.n_low as u64 * self.control_interval_ms;
+            ms.div_ceil(1000).clamp(1, u32::MAX as u64) as u32
+        })
+    }
+
+    /// The protocol's request timeout.
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
+
+    /// The virtual host name with sequence number `seq`: `host-vh<seq>.domain`.
+    pub fn vhost_name(&self, seq: u64) -> String {
+        let (first, rest) = match self.server_name.split_once('.') {
+            Some((a, b)) => (a, Some(b)),
+            None => (self.server_name.as_str(), None),
+        };
+        let host = self.vhost_host.as_deref().unwrap_or(first);
+        match self.vhost_domain.as_deref().or(rest) {
+            Some(d) => format!("{host}-vh{seq}.{d}"),
+            None => format!("{host}-vh{seq}"),
+        }
+    }
+
+    /// Checks every setting against its range (Table 1 for the thresholds) and against the
+    /// others (T_low < T_alert < T_high < T_coff).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let err = |key: &'static str, msg: String| Err(ConfigError { key, msg });
+        if !valid_name(&self.server_name) {
+            return err(
+                "server_name",
+                format!("`{}` is not a host name", self.server_name),
+            );
+        }
+        if let Some(h) = &self.vhost_host {
+            if !valid_name(h) || h.contains('.') {
+                return err("vhost_host", format!("`{h}` is not a single label"));
+            }
+        }
+        if let Some(d) = &self.vhost_domain {
+            if !valid_name(d) {
+                return err("vhost_domain", format!("`{d}` is not a domain name"));
+            }
+        }
+        if !valid_name(&self.vhost_name(u64::MAX)) {
+            return err(
+                "server_name",
+                "virtual host names built from it would be too long".into(),
+            );
+        }
+        if self.web_port == 0 {
+            return err("web_port", "must not be 0".into());
+        }
+        let rate_ok = |v: f64| v.is_finite() && v > 0.0 && v <= MAX_RATE_KBPS as f64;
+        if !rate_ok(self.bandwidth_kbps) {
+            return err("bandwidth_kbps", "must be a positive number of kB/s".into());
+        }
+        if !(self.usable.is_finite() && self.usable > 0.0 && self.usable <= 1.0) {
+            return err("usable", "must be in (0, 1]".into());
+        }
+        if let Some(d) = self.d_out_kbps {
+            if !rate_ok(d) {
+                return err("d_out_kbps", "must be a positive number of kB/s".into());
+            }
+        }
+        let range = |key, v: f64, lo: f64, lo_incl: bool, hi: f64, hi_incl: bool| {
+            let above = if lo_incl { v >= lo } else { v > lo };
+            let below = if hi_incl { v <= hi } else { v < hi };
+            if v.is_finite() && above && below {
+                Ok(())
+            } else {
+                Err(ConfigError {
+                    key,
+                    msg: format!(
+                        "{v} outside {}{lo}, {hi}{} (seed 001 Table 1)",
+                        if lo_incl { '[' } else { '(' },
+                        if hi_incl { ']' } else { ')' }
+                    ),
+                })
+            }
+        };
+        range("t_low", self.t_low, 0.0, false, 0.20, true)?;
+        range("t_alert", self.t_alert, 0.40, true, 0.60, true)?;
+        range("t_high", self.t_high, 0.60, true, 0.80, true)?;
+        range("t_coff", self.t_coff, 0.80, true, 1.0, false)?;
+        if self.t_alert >= self.t_high {
+            return err("t_high", "must be above t_alert".into());
+        }
+        if self.control_interval_ms == 0 || self.control_interval_ms > 3_600_000 {
+            return err("control_interval_ms", "must be in 1..=3600000".into());
+        }
+        if self.n_low == 0 || self.n_low > 1_000_000 {
+            return err("n_low", "must be in 1..=1000000".into());
+        }
+        if self.max_idle_secs == Some(0) {
+            return err("max_idle_secs", "must be at least 1".into());
+        }
+        if !(self.a_redi_bytes.is_finite() && self.a_redi_bytes >= 1.0) {
+            return err("a_redi_bytes", "must be at least 1".into());
+        }
+        if self.chash_points == 0 || self.chash_points > 4096 {
+            return err("chash_points", "must be in 1..=4096".into());
+        }
+        if let Some(w) = self.sos_want_kbps {
+            if w == 0 || w > MAX_RATE_KBPS {
+                return err("sos_want_kbps", "must be a positive number of kB/s".into());
+            }
+        }
+        if !(self.min_grant_kbps.is_finite() && self.min_grant_kbps >= 1.0) {
+            return err("min_grant_kbps", "must be at least 1".into());
+        }
+        if let Some(m) = self.max_grant_kbps {
+            if !(m.is_finite() && m >= self.min_grant_kbps) {
+                return err("max_grant_kbps", "must be at least min_grant_kbps".into());
+            }
+        }
+        if self.max_origins == 0 {
+            return err("max_origins", "must be at least 1".into());
+        }
+        if self.request_timeout_ms == 0 {
+            return err("request_timeout_ms", "must be at least 1".into());
+        }
+        if !self.status_path.starts_with('/') {
+            return err("status_path", "must start with `/`".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> RescueConfig {
+        RescueConfig::new("www.rescue.com", [5, 6, 7, 8].into(), 8080, 1250.0)
+    }
+
+    #[test]
+    fn table_1_defaults_from_toml() {
+        let c: RescueConfig = toml::from_str(
+            r#"
+            server_name = "www.origin.com"
+            web_ip = "1.2.3.4"
+            web_port = 8080
+            bandwidth_kbps = 1250
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.t_low, 0.10);
+        assert_eq!(c.t_alert, 0.50);
+        assert_eq!(c.t_high, 0.75);
+        assert_eq!(c.t_coff, 0.90);
+        assert_eq!(c.usable, 0.80);
+        assert_eq!(c.control_interval(), Duration::from_secs(1));
+        assert_eq!(c.n_low, 30);
+        assert_eq!(c.a_redi_bytes, 468.0);
+        assert_eq!(c.max_idle(), 300, "10 × N_low × I_ctrl");
+        assert_eq!(c.d_out(), 1_000_000.0, "B × U");
+        assert_eq!(c.d_resc(), 500_000.0, "D_out × (1 − T_alert)");
+        c.validate().unwrap();
+        assert_eq!(
+            c,
+            RescueConfig::new("www.origin.com", [1, 2, 3, 4].into(), 8080, 1250.0)
+        );
+    }
+
+    #[test]
+    fn reads_as_a_rescue_table() {
+        #[derive(Deserialize)]
+        struct File {
+            rescue: RescueConfig,
+        }
+        let f: File = toml::from_str(
+            "[rescue]\nserver_name = \"www.origin.com\"\nweb_ip = \"1.2.3.4\"\nweb_port = 8080\nbandwidth_kbps = 1250\nn_low = 10\n",
+        )
+        .unwrap();
+        assert_eq!(f.rescue.n_low, 10);
+        assert_eq!(f.rescue.max_idle(), 100);
+        f.rescue.validate().unwrap();
+    }
+
+    #[test]
+    fn serializes_back_to_the_same_table() {
+        let c = base().with_d_out(53.9);
+        let text = toml::to_string(&c).unwrap();
+        let back: RescueConfig = toml::from_str(&text).unwrap();
+        assert_eq!(back, c);
+        assert_eq!(back.d_out(), 53_900.0);
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        let e = toml::from_str::<RescueConfig>(
+            "server_name='a.b'\nweb_ip='1.1.1.1'\nweb_port=1\nbandwidth_kbps=1\nt_lo=0.1",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("t_lo"), "{e}");
+    }
+
+    #[test]
+    fn vhost_names() {
+        let c = base();
+        assert_eq!(c.vhost_name(1), "www-vh1.rescue.com");
+        let mut c = base();
+        c.vhost_domain = Some("dotslash.example.org".into());
+        c.vhost_host = Some("foo".into());
+        assert_eq!(c.vhost_name(12), "foo-vh12.dotslash.example.org");
+        let c = RescueConfig::new("localhost", [127, 0, 0, 1].into(), 80, 1.0);
+        assert_eq!(c.vhost_name(3), "localhost-vh3");
+    }
+
+    #[test]
+    fn ranges_of_table_1() {
+        type Breaks = fn(&mut RescueConfig);
+        let bad: Vec<(&str, Breaks)> = vec![
+            ("t_low", |c| c.t_low = 0.0),
+            ("t_low", |c| c.t_low = 0.21),
+            ("t_alert", |c| c.t_alert = 0.39),
+            ("t_alert", |c| c.t_alert = 0.61),
+            ("t_high", |c| c.t_high = 0.59),
+            ("t_high", |c| c.t_high = 0.81),
+            ("t_coff", |c| c.t_coff = 0.79),
+            ("t_coff", |c| c.t_coff = 1.0),
+            ("t_high", |c| {
+                c.t_alert = 0.6;
+                c.t_high = 0.6
+            }),
+            ("usable", |c| c.usable = 0.0),
+            ("usable", |c| c.usable = f64::NAN),
+            ("bandwidth_kbps", |c| c.bandwidth_kbps = -1.0),
+            ("d_out_kbps", |c| c.d_out_kbps = Some(0.0)),
+            ("control_interval_ms", |c| c.control_interval_ms = 0),
+            ("n_low", |c| c.n_low = 0),
+            ("max_idle_secs", |c| c.max_idle_secs = Some(0)),
+            ("server_name", |c| c.server_name = "a b".into()),
+            ("server_name", |c| c.server_name = "a".repeat(250)),
+            ("vhost_host", |c| c.vhost_host = Some("a.b".into())),
+            ("web_port", |c| c.web_port = 0),
+            ("status_path", |c| c.status_path = "status".into()),
+            ("sos_want_kbps", |c| c.sos_want_kbps = Some(0)),
+        ];
+        for (key, f) in bad {
+            let mut c = base();
+            f(&mut c);
+            let e = c.validate().expect_err(key);
+            assert_eq!(e.key, key, "{e}");
+        }
+        let mut c = base();
+        c.t_low = 0.2;
+        c.t_alert = 0.4;
+        c.t_high = 0.8;
+        c.t_coff = 0.99;
+        c.validate().unwrap();
+    }
+}
