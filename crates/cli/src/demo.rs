@@ -309,19 +309,15 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             tracing::warn!("some nodes' control sockets are not up: their connections are relayed");
         }
         let mut out = std::io::stdout().lock();
-        let what = if args.root.is_some() { "the site" } else { "a generated site" };
         writeln!(
             out,
-            "switchyard demo: a switch ({policy}, {}) and {} node processes serving {what} ({} files, {:.1} MB; each node caches {:.1} MB) from {}",
+            "switchyard demo: a switch ({policy}, {}) and {} node processes serving {}",
             match args.mechanism {
                 Mechanism::Handoff => "one-way: connections handed to the nodes",
                 Mechanism::Relay => "relaying",
             },
             nodes.len(),
-            site.files,
-            site.bytes as f64 / 1e6,
-            args.cache_bytes as f64 / 1e6,
-            dir.display()
+            serving(&args, &site, &dir)
         )?;
         writeln!(out, "  site:    http://{}/", switch.addr())?;
         writeln!(out, "  metrics: http://{admin}/metrics   (switch; /status.json for its state)")?;
@@ -343,6 +339,22 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     drop(sockets);
     drop(tmp);
     Ok(())
+}
+
+/// What the demo serves, for its first line: which site, its size, each node's cache, where.
+fn serving(args: &DemoArgs, site: &SiteSummary, dir: &Path) -> String {
+    let what = if args.root.is_some() {
+        "the site"
+    } else {
+        "a generated site"
+    };
+    format!(
+        "{what} ({} files, {:.1} MB; each node caches {:.1} MB) from {}",
+        site.files,
+        site.bytes as f64 / 1e6,
+        args.cache_bytes as f64 / 1e6,
+        dir.display()
+    )
 }
 
 /// The cooperative demo: `args.nodes` node processes on one port, no switch.
@@ -378,16 +390,12 @@ fn run_cooperative(
     let rt = runtime::build(1)?;
     rt.block_on(async {
         let mut out = std::io::stdout().lock();
-        let what = if args.root.is_some() { "the site" } else { "a generated site" };
         writeln!(
             out,
             "switchyard demo: {} cooperative node processes, no switch, sharing one port and moving each \
-             connection to the node that owns the request; serving {what} ({} files, {:.1} MB; each node caches {:.1} MB) from {}",
+             connection to the node that owns the request; serving {}",
             nodes.len(),
-            site.files,
-            site.bytes as f64 / 1e6,
-            args.cache_bytes as f64 / 1e6,
-            dir.display()
+            serving(args, site, dir)
         )?;
         writeln!(out, "  site:    http://{}/", args.listen)?;
         for (i, n) in nodes.iter().enumerate() {

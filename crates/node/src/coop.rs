@@ -45,6 +45,7 @@ use switchyard_policy::{ConnId, NodeId, NodeSpec, Outcome, Policy, Request};
 use crate::config::ClusterConfig;
 use crate::conn::{self, Ctx, Router, Step};
 use crate::error::NodeError;
+use crate::handoff::restream;
 
 /// How a cloned connection came back, or did not.
 enum Return {
@@ -190,6 +191,8 @@ fn member_id(name: &str) -> NodeId {
 pub(crate) struct Cluster {
     /// This node's member index.
     me: usize,
+    /// This node's id in the owner map.
+    me_id: NodeId,
     /// Every member by index; this node's entry is `None`.
     peers: Vec<Option<Arc<Peer>>>,
     names: Vec<String>,
@@ -261,6 +264,7 @@ impl Cluster {
         }
         Ok(Cluster {
             me,
+            me_id: member_id(&cfg.members[me].name),
             peers,
             names: cfg.members.iter().map(|m| m.name.clone()).collect(),
             owners: Mutex::new(Owners { policy, index: ids }),
@@ -312,7 +316,7 @@ impl Cluster {
             .collect()
     }
 
-    /// Wakes waiters when a peer's link changes state (tests and start-up wait on it).
+    /// A peer's control connection came up or went down: the owner map follows.
     fn set_peer_up(&self, p: &Peer, up: bool) {
         let now = self.now();
         let mut o = self.owners.lock();
@@ -476,13 +480,6 @@ enum Cloned {
     Ended,
 }
 
-/// A socket taken back, registered on the current runtime.
-fn restream(fd: OwnedFd) -> std::io::Result<TcpStream> {
-    let std = std::net::TcpStream::from(fd);
-    std.set_nonblocking(true)?;
-    TcpStream::from_std(std)
-}
-
 /// The router of a connection accepted in cooperative mode: the owner map decides.
 struct Owned<'a> {
     cluster: &'a Cluster,
@@ -536,11 +533,7 @@ impl Router for Owned<'_> {
 
     fn answered(&mut self, status: u16, bytes: u64) {
         let c = self.cluster;
-        c.post(
-            self.conn,
-            member_id(c.name()),
-            Outcome::ok(status, bytes, false),
-        );
+        c.post(self.conn, c.me_id, Outcome::ok(status, bytes, false));
     }
 
     fn flushed(&mut self) {}

@@ -801,7 +801,7 @@ fn silence(stream: TcpStream, kind: Kind) {
 }
 
 /// A socket taken off the runtime, registered again on the current one.
-fn restream(fd: OwnedFd) -> std::io::Result<TcpStream> {
+pub(crate) fn restream(fd: OwnedFd) -> std::io::Result<TcpStream> {
     let std = std::net::TcpStream::from(fd);
     std.set_nonblocking(true)?;
     TcpStream::from_std(std)

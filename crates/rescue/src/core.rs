@@ -692,22 +692,7 @@ impl Core {
                         None => Response::refused(code::NO_RELATIONSHIP),
                     },
                     Request::Shutdown => {
-                        if self.rescuers.remove(&peer).is_some() {
-                            self.back_off(peer);
-                            acts.push(Action::RescuerEnded {
-                                peer,
-                                reason: EndReason::PeerShutdown,
-                            });
-                            self.push_plan(&mut acts);
-                        }
-                        if let Some(o) = self.origins.remove(&peer) {
-                            acts.push(Action::OriginEnded {
-                                peer,
-                                fqdn: o.sos.fqdn,
-                                alias: o.alias,
-                                reason: EndReason::PeerShutdown,
-                            });
-                        }
+                        self.end_all_with(peer, EndReason::PeerShutdown, &mut acts);
                         Response::Ok
                     }
                 };
@@ -776,30 +761,33 @@ impl Core {
 
     /// The connection to `peer` is gone (or could not be made, or a `Send` found no session):
     /// every relationship with it ends on this side, and a pending SOS to it counts as refused.
-    pub fn on_peer_lost(&mut self, now: Duration, peer: PeerId) -> Vec<Action> {
-        let _ = now;
+    pub fn on_peer_lost(&mut self, _now: Duration, peer: PeerId) -> Vec<Action> {
         let mut acts = Vec::new();
         if self.pending.take_if(|p| p.peer == peer).is_some() {
             self.back_off(peer);
         }
+        self.end_all_with(peer, EndReason::ConnectionLost, &mut acts);
+        self.sync_state(&mut acts);
+        acts
+    }
+
+    /// Ends every relationship with `peer` on this side, in either role, for `reason`: a
+    /// rescue server of ours is backed off and the redirect plan follows; an origin we rescue
+    /// is dropped.
+    fn end_all_with(&mut self, peer: PeerId, reason: EndReason, acts: &mut Vec<Action>) {
         if self.rescuers.remove(&peer).is_some() {
             self.back_off(peer);
-            acts.push(Action::RescuerEnded {
-                peer,
-                reason: EndReason::ConnectionLost,
-            });
-            self.push_plan(&mut acts);
+            acts.push(Action::RescuerEnded { peer, reason });
+            self.push_plan(acts);
         }
         if let Some(o) = self.origins.remove(&peer) {
             acts.push(Action::OriginEnded {
                 peer,
                 fqdn: o.sos.fqdn,
                 alias: o.alias,
-                reason: EndReason::ConnectionLost,
+                reason,
             });
         }
-        self.sync_state(&mut acts);
-        acts
     }
 
     fn on_sos(&mut self, peer: PeerId, sos: Sos, acts: &mut Vec<Action>) -> Response {

@@ -306,15 +306,7 @@ impl Client {
                         handoff::Offered::Relay => self.relay_only = true,
                         handoff::Offered::Abandoned => {
                             // The node may be serving it: close without a word.
-                            if let Some(n) = choice.policy_node {
-                                gen.policy.lock().post_request(
-                                    self.id,
-                                    n,
-                                    &Outcome::failed(),
-                                    self.shared.now(),
-                                );
-                            }
-                            self.shared.freed.notify_one();
+                            self.unchoose(&gen, choice.policy_node);
                             return Some(End::Broken);
                         }
                     }
@@ -322,15 +314,7 @@ impl Client {
             }
             if !fits {
                 // A handoff that was not taken: the rewritten head cannot be relayed.
-                if let Some(n) = choice.policy_node {
-                    gen.policy.lock().post_request(
-                        self.id,
-                        n,
-                        &Outcome::failed(),
-                        self.shared.now(),
-                    );
-                }
-                self.shared.freed.notify_one();
+                self.unchoose(&gen, choice.policy_node);
                 return Some(self.too_large_to_forward());
             }
             let backend = gen.nodes[choice.idx].clone();
@@ -375,6 +359,18 @@ impl Client {
                 Err(Fail::Midway) => return Some(End::Broken),
             }
         }
+    }
+
+    /// A chosen node will not serve the request after all: the policy hears it failed, and a
+    /// request waiting for a free node may go.
+    fn unchoose(&self, gen: &Generation, policy_node: Option<NodeId>) {
+        if let Some(n) = policy_node {
+            let now = self.shared.now();
+            gen.policy
+                .lock()
+                .post_request(self.id, n, &Outcome::failed(), now);
+        }
+        self.shared.freed.notify_one();
     }
 
     /// A request whose forwarded head would be over the limits: 431, and the connection ends.
