@@ -37,10 +37,12 @@ pub const BACKOFF_MIN: Duration = Duration::from_millis(5);
 /// Longest pause between retries while accepts keep failing.
 pub const BACKOFF_MAX: Duration = Duration::from_millis(500);
 
-/// Longest wait for the slot of a shed connection (it closes as soon as its
-/// task runs; this only bounds a connection that is shed just as its
-/// request completes and so keeps its slot).
-pub const SHED_WAIT: Duration = Duration::from_millis(100);
+/// Longest wait for the slot of a shed connection. It closes as soon as its
+/// task sees the end of its input, which on a busy host can take well over
+/// 100 ms of scheduling (a shorter wait refused newcomers with 503 while the
+/// slot was on its way); the bound is only for a connection that is shed
+/// just as its request completes and so keeps its slot.
+pub const SHED_WAIT: Duration = Duration::from_secs(1);
 
 /// What the accept loop does when every connection slot is taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
