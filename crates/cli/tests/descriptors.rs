@@ -75,6 +75,12 @@ fn slowloris(addr: SocketAddr) -> Vec<TcpStream> {
         .collect()
 }
 
+/// Send `sig` to process `pid`.
+fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: kill(2) with a child's pid that this test still holds (not yet reaped).
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0);
+}
+
 /// The value of metric line `name` in the Prometheus text at `admin`; 0 when absent.
 fn metric(admin: SocketAddr, name: &str) -> f64 {
     let (status, body) = get_once(admin, "/metrics").unwrap();
@@ -144,8 +150,13 @@ fn slow_clients_beyond_the_descriptor_limit_do_not_lock_out_legitimate_ones() {
     up(switch, "/a.txt");
 
     let up_line = format!("switchyard_switch_node_up{{node=\"{node}\"}}");
-    for target in [node, switch] {
+    for (target, pid) in [(node, _node.0.id()), (switch, _switch.0.id())] {
+        // The slow clients all arrive while the server is stopped, so that it finds them queued
+        // at once: its accept loop gets ahead of the connections it admits, and must still find
+        // room (by shedding those that begin to wait) rather than refuse or stall.
+        signal(pid, libc::SIGSTOP);
         let slow = slowloris(target);
+        signal(pid, libc::SIGCONT);
         // Legitimate clients behind every slow one, each on a new connection.
         for i in 0..20 {
             let (status, body) = get_once(target, "/a.txt")

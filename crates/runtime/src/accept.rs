@@ -10,8 +10,9 @@
 //! goes on accepting and hands the connection over without a slot so that
 //! the caller can refuse it ([`WhenFull::Refuse`], the switch answers
 //! `503`). Before either, the loop sheds the connection that has waited
-//! longest on its client ([`crate::shed`]) and, if there was one, waits up
-//! to [`SHED_WAIT`] for the slot it frees.
+//! longest on its client ([`crate::shed`]) and waits up to [`SHED_WAIT`] for
+//! the slot it frees; with none waiting yet, it waits as long for a slot to
+//! free up or a connection to begin waiting (and be shed).
 //!
 //! When `accept(2)` fails for lack of resources (`EMFILE`, `ENFILE`,
 //! `ENOBUFS`, `ENOMEM`) the pending connection stays queued and the listener
@@ -109,19 +110,16 @@ pub async fn accept_loop<H>(
             }
         };
         backoff.succeeded();
-        let mut slot = match slots.clone().try_acquire_owned() {
+        let slot = match slots.clone().try_acquire_owned() {
             Ok(s) => Some(s),
-            Err(tokio::sync::TryAcquireError::NoPermits) => None,
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                match make_room(slots, waiting, stats).await {
+                    Ok(s) => s,
+                    Err(Closed) => return,
+                }
+            }
             Err(tokio::sync::TryAcquireError::Closed) => return,
         };
-        if slot.is_none() && waiting.shed_oldest() {
-            stats.shed.fetch_add(1, Relaxed);
-            match tokio::time::timeout(SHED_WAIT, slots.clone().acquire_owned()).await {
-                Ok(Ok(s)) => slot = Some(s),
-                Ok(Err(_)) => return,
-                Err(_) => {}
-            }
-        }
         let slot = match slot {
             Some(s) => Some(s),
             None => match when_full {
@@ -136,6 +134,41 @@ pub async fn accept_loop<H>(
             Some(slot) => Incoming::Admitted { stream, peer, slot },
             None => Incoming::Over { stream, peer },
         });
+    }
+}
+
+/// The slots' semaphore was closed.
+struct Closed;
+
+/// Every slot is taken: find one for the connection just accepted within [`SHED_WAIT`], or
+/// `None`. The longest waiter is shed and its slot awaited. With no connection waiting on its
+/// client yet (those just admitted may not have begun to read: on a busy host the loop can
+/// accept a whole queue of slow clients before any of their tasks runs), the loop waits for
+/// whichever comes first: a slot freed by a connection that ends, or a connection beginning to
+/// wait, which is then shed.
+async fn make_room(
+    slots: &Arc<Semaphore>,
+    waiting: &WaitingClients,
+    stats: &AcceptStats,
+) -> Result<Option<OwnedSemaphorePermit>, Closed> {
+    let deadline = tokio::time::Instant::now() + SHED_WAIT;
+    loop {
+        let entered = waiting.entered();
+        tokio::pin!(entered);
+        entered.as_mut().enable();
+        if waiting.shed_oldest() {
+            stats.shed.fetch_add(1, Relaxed);
+            return match tokio::time::timeout_at(deadline, slots.clone().acquire_owned()).await {
+                Ok(Ok(s)) => Ok(Some(s)),
+                Ok(Err(_)) => Err(Closed),
+                Err(_) => Ok(None),
+            };
+        }
+        tokio::select! {
+            s = slots.clone().acquire_owned() => return s.map(Some).map_err(|_| Closed),
+            () = &mut entered => {}
+            () = tokio::time::sleep_until(deadline) => return Ok(None),
+        }
     }
 }
 
@@ -225,6 +258,73 @@ mod tests {
         b.succeeded();
         assert_eq!(b.burst, 0);
         assert_eq!(b.failed(&emfile), Some(BACKOFF_MIN));
+    }
+
+    fn pair() -> (std::net::TcpStream, std::net::TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        (l.accept().unwrap().0, c)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_no_waiter_yet_the_first_to_begin_waiting_is_shed() {
+        use std::io::Read;
+        use std::os::fd::AsRawFd;
+        let slots = Arc::new(Semaphore::new(1));
+        let held = slots.clone().try_acquire_owned().unwrap();
+        let waiting = WaitingClients::new();
+        let stats = AcceptStats::default();
+        let (mut slow, _client) = pair();
+        let room = make_room(&slots, &waiting, &stats);
+        tokio::pin!(room);
+        // Nobody waits on a client yet and no slot frees: the loop waits, without refusing.
+        assert!(tokio::time::timeout(SHED_WAIT / 2, &mut room)
+            .await
+            .is_err());
+        assert_eq!(waiting.shed_count(), 0);
+        // The admitted connection begins to wait: it is shed (its input ends) and its slot
+        // awaited.
+        let ticket = waiting.enter(slow.as_raw_fd());
+        assert!(tokio::time::timeout(SHED_WAIT / 4, &mut room)
+            .await
+            .is_err());
+        assert_eq!(waiting.shed_count(), 1);
+        assert_eq!(stats.shed.load(Relaxed), 1);
+        assert_eq!(slow.read(&mut [0; 8]).unwrap(), 0);
+        // It closes by its ordinary path, and the newcomer has its slot.
+        drop(ticket);
+        drop(held);
+        assert!(matches!(room.await, Ok(Some(_))));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slot_freed_while_waiting_is_taken_and_none_after_the_bound() {
+        let slots = Arc::new(Semaphore::new(1));
+        let waiting = WaitingClients::new();
+        let stats = AcceptStats::default();
+        let held = slots.clone().try_acquire_owned().unwrap();
+        let start = tokio::time::Instant::now();
+        // Nothing frees and nobody waits: no slot, after exactly the bound.
+        assert!(matches!(
+            make_room(&slots, &waiting, &stats).await,
+            Ok(None)
+        ));
+        assert_eq!(start.elapsed(), SHED_WAIT);
+        // A connection that ends frees its slot: taken without shedding anyone.
+        let room = make_room(&slots, &waiting, &stats);
+        tokio::pin!(room);
+        assert!(tokio::time::timeout(SHED_WAIT / 2, &mut room)
+            .await
+            .is_err());
+        drop(held);
+        assert!(matches!(room.await, Ok(Some(_))));
+        assert_eq!(stats.shed.load(Relaxed), 0);
+        // Closed slots end the loop.
+        slots.close();
+        assert!(matches!(
+            make_room(&slots, &waiting, &stats).await,
+            Err(Closed)
+        ));
     }
 
     #[test]

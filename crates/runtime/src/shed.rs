@@ -16,6 +16,9 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
+use tokio::sync::futures::Notified;
+use tokio::sync::Notify;
+
 /// Connections waiting on their clients, oldest wait first.
 ///
 /// A connection is shed by shutting down the reading side of its socket: its wait then ends
@@ -29,6 +32,8 @@ pub struct WaitingClients {
     waiting: Mutex<BTreeMap<u64, RawFd>>,
     next: AtomicU64,
     shed: AtomicU64,
+    /// Woken whenever a connection begins to wait.
+    entered: Notify,
 }
 
 impl WaitingClients {
@@ -42,6 +47,7 @@ impl WaitingClients {
     pub fn enter(self: &Arc<Self>, fd: RawFd) -> Waiting {
         let seq = self.next.fetch_add(1, Relaxed);
         self.lock().insert(seq, fd);
+        self.entered.notify_waiters();
         Waiting {
             list: self.clone(),
             seq,
@@ -60,6 +66,13 @@ impl WaitingClients {
         drop(waiting);
         self.shed.fetch_add(1, Relaxed);
         true
+    }
+
+    /// Resolves once a connection begins to wait after this future is enabled
+    /// ([`Notified::enable`]) or first polled: enable it, then try [`Self::shed_oldest`], and
+    /// no entry can slip in between unnoticed.
+    pub fn entered(&self) -> Notified<'_> {
+        self.entered.notified()
     }
 
     /// Connections waiting now.
