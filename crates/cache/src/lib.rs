@@ -52,6 +52,7 @@ mod lfu;
 mod lru;
 mod ordered;
 mod policy;
+pub mod replication;
 
 #[cfg(test)]
 mod proptests;

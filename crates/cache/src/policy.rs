@@ -84,6 +84,9 @@ pub enum PolicyError {
     /// The aging interval is zero.
     #[error("aging interval must be greater than zero")]
     ZeroAgingInterval,
+    /// A replication setting is out of its range.
+    #[error("invalid replication setting: {0}")]
+    Replication(String),
 }
 
 pub(crate) fn check_aging(interval: Duration, factor: f64) -> Result<(), PolicyError> {
