@@ -104,11 +104,20 @@ mod tests {
         let mut c = cfg.cluster.expect("the [cluster] table");
         assert_eq!(c.members.len(), 2);
         assert_eq!(c.clone_timeout_ms, 1000);
+        assert_eq!(
+            c.replication,
+            switchyard_node::config::ReplicationConfig::default()
+        );
         c.name = "n2".into();
         c.validate().unwrap();
         let e = FileConfig::parse("[cluster]\nmembers = [{ name = \"a\", control = \"bogus\" }]\n")
             .unwrap_err();
         assert!(format!("{e:#}").contains("control address"), "{e:#}");
+        let e = FileConfig::parse(
+            "[cluster]\nmembers = []\n[cluster.replication]\nhot_treshold = 3.0\n",
+        )
+        .unwrap_err();
+        assert!(format!("{e:#}").contains("hot_treshold"), "{e:#}");
     }
 
     #[test]

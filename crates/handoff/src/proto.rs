@@ -42,6 +42,8 @@ pub const MAX_QUEUE: usize = 8 << 20;
 pub const MAX_STRING: usize = 1024;
 /// Largest request target or host in a `Route` query.
 pub const MAX_TARGET: usize = 16 * 1024;
+/// Largest object body in a [`Message::Replica`].
+pub const MAX_REPLICA: usize = 16 << 20;
 
 /// Why a frame could not be decoded or encoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -283,6 +285,31 @@ pub enum Message {
         /// The `Ping`'s nonce.
         nonce: u64,
     },
+    /// Owner → peer, cooperative mode: a copy of a hot object for the peer's replica cache
+    /// (seed 000 §3.2.1), sent on the control connection the peer's `Create` came in on,
+    /// before the connection's `HandBack`.
+    Replica(Box<ReplicaObject>),
+}
+
+/// A hot object's copy and what a holder needs to answer for it exactly as its owner does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaObject {
+    /// The object's key: its clean path beneath the document root.
+    pub target: String,
+    /// The entity tag the owner sends for it.
+    pub etag: String,
+    /// The `Last-Modified` value the owner sends for it.
+    pub last_modified: String,
+    /// Modification time, nanoseconds since the Unix epoch (conditional requests).
+    pub mtime_ns: u64,
+    /// The file's inode on the owner (part of its identity there).
+    pub inode: u64,
+    /// Copies in the cluster with this one: each hit on it counts as that many references.
+    pub copies: u32,
+    /// How long ago the owner last checked the object against its disk, in milliseconds.
+    pub age_ms: u64,
+    /// The object's bytes.
+    pub body: Vec<u8>,
 }
 
 mod op {
@@ -299,8 +326,9 @@ mod op {
     pub const ROUTED: u8 = 11;
     pub const SERVED: u8 = 12;
     pub const CANCEL: u8 = 13;
+    pub const REPLICA: u8 = 14;
     /// The highest opcode defined.
-    pub const LAST: u8 = CANCEL;
+    pub const LAST: u8 = REPLICA;
 }
 
 const ACTION_SERVE: u8 = 1;
@@ -325,6 +353,7 @@ impl Message {
             Message::Routed { .. } => op::ROUTED,
             Message::Served { .. } => op::SERVED,
             Message::Cancel { .. } => op::CANCEL,
+            Message::Replica(_) => op::REPLICA,
         }
     }
 
@@ -474,6 +503,16 @@ impl Message {
                 put_u16(o, *status);
                 put_u64(o, *bytes);
             }
+            Message::Replica(r) => {
+                put_bytes(o, r.target.as_bytes(), "target", MAX_TARGET)?;
+                put_str(o, &r.etag, "etag")?;
+                put_str(o, &r.last_modified, "last_modified")?;
+                put_u64(o, r.mtime_ns);
+                put_u64(o, r.inode);
+                put_u32(o, r.copies);
+                put_u64(o, r.age_ms);
+                put_bytes(o, &r.body, "replica body", MAX_REPLICA)?;
+            }
         }
         Ok(())
     }
@@ -556,6 +595,16 @@ impl Message {
                 bytes: r.u64("bytes")?,
             },
             op::CANCEL => Message::Cancel { id: r.u64("id")? },
+            op::REPLICA => Message::Replica(Box::new(ReplicaObject {
+                target: r.text("target", MAX_TARGET)?,
+                etag: r.string("etag")?,
+                last_modified: r.string("last_modified")?,
+                mtime_ns: r.u64("mtime")?,
+                inode: r.u64("inode")?,
+                copies: r.u32("copies")?,
+                age_ms: r.u64("age")?,
+                body: r.bytes("replica body", MAX_REPLICA)?,
+            })),
             other => return Err(ProtoError::UnknownOpcode(other)),
         };
         if !r.b.is_empty() {
@@ -953,6 +1002,36 @@ mod tests {
     }
 
     #[test]
+    fn replica_round_trips_and_refuses_an_oversized_body() {
+        let m = Message::Replica(Box::new(ReplicaObject {
+            target: "/hot/a.html".into(),
+            etag: "\"1-2-3\"".into(),
+            last_modified: "Tue, 24 Nov 2026 10:00:00 GMT".into(),
+            mtime_ns: 1_795_000_000_123_456_789,
+            inode: 99,
+            copies: 3,
+            age_ms: 250,
+            body: vec![7; 5000],
+        }));
+        let f = m.to_frame().unwrap();
+        assert_eq!(f[3], 14);
+        assert_eq!(Message::decode(&f).unwrap().unwrap(), (m.clone(), f.len()));
+        assert_eq!(m.id(), None);
+        assert!(!m.needs_fd());
+        for n in [0, 7, 8, 100, f.len() - 1] {
+            assert_eq!(Message::decode(&f[..n]), Ok(None), "prefix {n}");
+        }
+        let Message::Replica(mut big) = m else {
+            unreachable!()
+        };
+        big.body = vec![0; MAX_REPLICA + 1];
+        assert!(matches!(
+            Message::Replica(big).to_frame(),
+            Err(ProtoError::TooLong { .. })
+        ));
+    }
+
+    #[test]
     fn create_round_trips() {
         let m = Message::Create {
             id: 7,
@@ -1010,8 +1089,8 @@ mod tests {
         assert_eq!(f[HEADER_LEN + 8], 6);
         assert_eq!(Message::decode(&f).unwrap().unwrap(), (d, f.len()));
         assert_eq!(
-            Message::decode(b"SY\x01\x0e"),
-            Err(ProtoError::UnknownOpcode(14))
+            Message::decode(b"SY\x01\x0f"),
+            Err(ProtoError::UnknownOpcode(15))
         );
     }
 

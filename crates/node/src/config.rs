@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::Deserialize;
 use switchyard_handoff::link::ControlAddr;
@@ -101,6 +102,67 @@ pub struct ClusterConfig {
     /// and as long again for the answer to the cancel.
     #[serde(default = "default_clone_timeout_ms")]
     pub clone_timeout_ms: u64,
+    /// `[cluster.replication]`: copies of hot objects in peers' replica caches.
+    #[serde(default)]
+    pub replication: ReplicationConfig,
+}
+
+/// `[cluster.replication]`: hot-object replication (seed 000 §3.2). An owner counts references
+/// to its targets (aged: every `aging_interval_ms` all counts are multiplied by
+/// `aging_factor`); a peer that moves it a request for a target whose count has reached
+/// `hot_threshold` receives a copy for its replica cache (`replica_bytes`, LFU with the same
+/// aging), and serves the target itself while the copy is fresh (the owner's
+/// `cache_revalidate_ms`).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReplicationConfig {
+    /// Whether copies are sent and kept at all.
+    pub enabled: bool,
+    /// Aged references from which a target is hot.
+    pub hot_threshold: f64,
+    /// Aging period of the counts, in milliseconds.
+    pub aging_interval_ms: u64,
+    /// Factor the counts are multiplied by every period, in `[0, 1]`.
+    pub aging_factor: f64,
+    /// Bytes of the replica cache, beside the object cache (`cache_bytes`).
+    pub replica_bytes: u64,
+    /// Largest object copied.
+    pub max_object_bytes: u64,
+    /// Targets whose counts an owner keeps.
+    pub max_tracked: usize,
+}
+
+impl Default for ReplicationConfig {
+    fn default() -> Self {
+        // The replica cache takes the share of memory the seed gave it (12 MB beside a 128 MB
+        // cache) of the default object cache; the aging is the object cache's LFU aging. See
+        // bench/cyclone for the threshold.
+        ReplicationConfig {
+            enabled: true,
+            hot_threshold: 16.0,
+            aging_interval_ms: 10_000,
+            aging_factor: 0.5,
+            replica_bytes: 24 * 1024 * 1024,
+            max_object_bytes: 1024 * 1024,
+            max_tracked: 65_536,
+        }
+    }
+}
+
+impl ReplicationConfig {
+    /// The settings of the replication decisions.
+    pub fn settings(&self) -> switchyard_cache::replication::ReplicationSettings {
+        switchyard_cache::replication::ReplicationSettings {
+            threshold: self.hot_threshold,
+            aging_interval: Duration::from_millis(self.aging_interval_ms),
+            aging_factor: self.aging_factor,
+            max_tracked: self.max_tracked,
+            replica_bytes: self.replica_bytes,
+            max_object_bytes: self
+                .max_object_bytes
+                .min(switchyard_handoff::proto::MAX_REPLICA as u64),
+        }
+    }
 }
 
 fn default_owner_policy() -> PolicyConfig {
@@ -131,6 +193,7 @@ impl ClusterConfig {
             members,
             policy: default_owner_policy(),
             clone_timeout_ms: default_clone_timeout_ms(),
+            replication: ReplicationConfig::default(),
         }
     }
 
@@ -161,6 +224,10 @@ impl ClusterConfig {
         if self.clone_timeout_ms == 0 {
             return Err("[cluster]: clone_timeout_ms must be positive".into());
         }
+        self.replication
+            .settings()
+            .validate()
+            .map_err(|e| format!("[cluster.replication]: {e}"))?;
         switchyard_policy::build(&self.policy)
             .map(drop)
             .map_err(|e| format!("[cluster] policy: {e}"))

@@ -64,6 +64,8 @@ pub(crate) struct Ctx {
     pub(crate) send_timeout: Duration,
     /// Connections waiting on their clients, to shed for new ones when every slot is taken.
     pub(crate) waiting: Arc<WaitingClients>,
+    /// Hot-object replication, in a cooperative cluster that has it on.
+    pub(crate) replication: Option<Arc<crate::replica::Replication>>,
 }
 
 /// What the loop does with a request of a routed connection.
@@ -75,6 +77,8 @@ pub(crate) enum Step {
     Forward(SocketAddr),
     /// End the loop with this request unread: the connection goes elsewhere.
     HandBack,
+    /// Serve it here from this object (a replica of a peer's), not from the store; dispatched.
+    Replica(Arc<CachedObject>),
 }
 
 /// Decides, request by request, how a routed connection is served, and
@@ -179,6 +183,8 @@ struct Conn<'a, R: Router> {
     last_status: u16,
     /// Set on routed connections (handed in by a switch).
     router: Option<&'a mut R>,
+    /// The object the request being answered is served from, when its router chose one.
+    replica: Option<Arc<CachedObject>>,
 }
 
 /// Why the connection loop ended.
@@ -248,6 +254,7 @@ pub(crate) async fn serve(
         stats: ConnStats::default(),
         last_status: 0,
         router: None,
+        replica: None,
     };
     if let End::Error(status) = conn.run().await {
         Box::pin(conn.fail(status)).await;
@@ -274,6 +281,7 @@ pub(crate) async fn serve_routed<R: Router>(
         stats: ConnStats::default(),
         last_status: 0,
         router: Some(router),
+        replica: None,
     };
     match conn.run().await {
         End::Error(status) => {
@@ -418,6 +426,12 @@ impl<R: Router> Conn<'_, R> {
             },
             Step::Forward(_) => (self.handle(head).await, true),
             Step::Local { dispatched } => (self.handle(head).await, dispatched),
+            Step::Replica(object) => {
+                self.replica = Some(object);
+                let end = self.handle(head).await;
+                self.replica = None;
+                (end, true)
+            }
         };
         if dispatched {
             let bytes = self.produced() - before;
@@ -658,7 +672,11 @@ impl<R: Router> Conn<'_, R> {
                 return Body::Empty;
             }
         };
-        match self.ctx.store.resolve(&clean).await {
+        let resolved = match self.replica.take() {
+            Some(object) => Resolved::Memory { object, hit: true },
+            None => self.ctx.store.resolve(&clean).await,
+        };
+        match resolved {
             Resolved::Memory { object, .. } => {
                 let src = match &object.content {
                     Content::Inline(b) => Source::Memory(b.clone()),
@@ -916,6 +934,7 @@ mod tests {
             idle_timeout: Duration::from_secs(5),
             send_timeout: Duration::from_secs(5),
             waiting: Default::default(),
+            replication: None,
         })
     }
 
@@ -984,6 +1003,7 @@ mod tests {
                 idle_timeout: Duration::from_secs(1),
                 send_timeout: Duration::from_secs(1),
                 waiting: Default::default(),
+                replication: None,
             });
             let (_tx, rx) = tokio::sync::watch::channel(false);
             let fut = super::serve(ctx, s, rx, bytes::BytesMut::new());

@@ -39,13 +39,15 @@ use switchyard_handoff::fdpass::ControlReader;
 use switchyard_handoff::link::{self, ControlAddr, Link};
 use switchyard_handoff::mover::{MoverConfig, Outcome as Moved, TakeBackReason};
 use switchyard_handoff::proto::{Message, RouteAction, Routing, Transfer, MAX_PREREAD};
-use switchyard_http::request::RequestHead;
+use switchyard_http::request::{Method, RequestHead};
 use switchyard_policy::{ConnId, NodeId, NodeSpec, Outcome, Policy, Request};
 
 use crate::config::ClusterConfig;
 use crate::conn::{self, Ctx, Router, Step};
 use crate::error::NodeError;
 use crate::handoff::restream;
+use crate::replica::Replication;
+use crate::store::Store;
 
 /// How a cloned connection came back, or did not.
 enum Return {
@@ -202,6 +204,8 @@ pub(crate) struct Cluster {
     mover: MoverConfig,
     origin: Instant,
     pub stats: ClusterStats,
+    /// Hot-object replication, when on.
+    pub(crate) replication: Option<Arc<Replication>>,
 }
 
 impl Cluster {
@@ -273,7 +277,14 @@ impl Cluster {
             mover: MoverConfig::symmetric(Duration::from_millis(cfg.clone_timeout_ms)),
             origin: Instant::now(),
             stats: ClusterStats::default(),
+            replication: None,
         })
+    }
+
+    /// The cluster with hot-object replication (`None`: off).
+    pub(crate) fn replicating(mut self, replication: Option<Arc<Replication>>) -> Self {
+        self.replication = replication;
+        self
     }
 
     fn now(&self) -> Duration {
@@ -338,9 +349,11 @@ impl Cluster {
         self.owners.lock().policy.connection_start(conn, self.now());
         let mut router = Owned {
             cluster: &self,
+            store: &ctx.store,
             conn,
             clone_to: None,
             here_next: false,
+            served_for: self.me_id,
         };
         let mut preread = BytesMut::new();
         loop {
@@ -483,7 +496,11 @@ enum Cloned {
 /// The router of a connection accepted in cooperative mode: the owner map decides.
 struct Owned<'a> {
     cluster: &'a Cluster,
+    store: &'a Store,
     conn: ConnId,
+    /// The member the owner map chose for the request being answered here (this node, or the
+    /// owner whose replica serves it): its load is what the answer ends.
+    served_for: NodeId,
     /// The peer the request just routed goes to.
     clone_to: Option<Arc<Peer>>,
     /// The owner did not take the request: serve it here without asking the map again.
@@ -515,15 +532,30 @@ impl Router for Owned<'_> {
                 Err(_) => None,
             }
         };
+        // Replication concerns the objects GET and HEAD fetch.
+        let key = match (&c.replication, head.method) {
+            (Some(_), Method::Get | Method::Head) => self.store.object_key(&head.target),
+            _ => None,
+        };
         match owner.and_then(|i| c.peers[i].clone()) {
             Some(peer) => {
+                if let (Some(r), Some(key)) = (&c.replication, &key) {
+                    if let Some(object) = r.replica(key) {
+                        self.served_for = peer.id;
+                        return Step::Replica(object);
+                    }
+                }
                 self.clone_to = Some(peer);
                 Step::HandBack
             }
             None => {
                 if owner.is_some() {
                     c.stats.owned.fetch_add(1, Relaxed);
+                    if let (Some(r), Some(key)) = (&c.replication, &key) {
+                        r.owned(key);
+                    }
                 }
+                self.served_for = c.me_id;
                 Step::Local {
                     dispatched: owner.is_some(),
                 }
@@ -533,7 +565,11 @@ impl Router for Owned<'_> {
 
     fn answered(&mut self, status: u16, bytes: u64) {
         let c = self.cluster;
-        c.post(self.conn, c.me_id, Outcome::ok(status, bytes, false));
+        c.post(
+            self.conn,
+            self.served_for,
+            Outcome::ok(status, bytes, false),
+        );
     }
 
     fn flushed(&mut self) {}
@@ -628,7 +664,7 @@ async fn session(
                 tracing::info!(peer = %peer.name, control = %peer.addr, "peer up");
                 continue;
             }
-            on_message(peer, m, fd);
+            on_message(cluster, peer, m, fd);
         }
     };
     tokio::select! { r = flush => r, r = read => r }
@@ -637,9 +673,15 @@ async fn session(
 /// Notified whenever some peer's link comes up.
 static UP: Notify = Notify::const_new();
 
-fn on_message(peer: &Peer, m: Message, fd: Option<OwnedFd>) {
+fn on_message(cluster: &Cluster, peer: &Peer, m: Message, fd: Option<OwnedFd>) {
     use switchyard_handoff::mover::Event;
     match m {
+        Message::Replica(r) => match &cluster.replication {
+            Some(repl) => repl.receive(*r),
+            None => {
+                tracing::debug!(peer = %peer.name, "copy of a hot object ignored: replication is off")
+            }
+        },
         Message::Accepted { id } => {
             if let Some(p) = peer.link.answer(id) {
                 let _ = p.tx.send(Event::Accepted);
@@ -789,8 +831,81 @@ impl prometheus_client::collector::Collector for ClusterCollector {
             "switchyard_node_cluster_owned_requests",
             "Requests served here because this node owns them",
             c.stats.owned.load(Relaxed),
-        )
+        )?;
+        match &c.replication {
+            Some(r) => encode_replication(&mut enc, r),
+            None => Ok(()),
+        }
     }
+}
+
+/// The replication metrics of a node.
+fn encode_replication(
+    enc: &mut prometheus_client::encoding::DescriptorEncoder,
+    r: &Replication,
+) -> Result<(), std::fmt::Error> {
+    use switchyard_admin::encode::{counter, gauge};
+    let (held, bytes, stats) = r.held();
+    gauge(
+        enc,
+        "switchyard_node_replicas",
+        "Copies of peers' hot objects held here",
+        held as i64,
+    )?;
+    gauge(
+        enc,
+        "switchyard_node_replica_bytes",
+        "Bytes of the copies of peers' hot objects held here",
+        bytes as i64,
+    )?;
+    counter(
+        enc,
+        "switchyard_node_replica_hits",
+        "Requests for a peer's target served here from a copy",
+        stats.hits,
+    )?;
+    counter(
+        enc,
+        "switchyard_node_replicas_received",
+        "Copies of hot objects received from their owners",
+        r.stats.received.load(Relaxed),
+    )?;
+    counter(
+        enc,
+        "switchyard_node_replicas_rejected",
+        "Copies received and not kept: larger than the replica cache or its object bound",
+        stats.rejected + r.stats.unusable.load(Relaxed),
+    )?;
+    counter(
+        enc,
+        "switchyard_node_replicas_evicted",
+        "Copies evicted to make room for others",
+        stats.evicted,
+    )?;
+    counter(
+        enc,
+        "switchyard_node_replicas_expired",
+        "Copies dropped when their owner's revalidation interval ran out",
+        stats.expired,
+    )?;
+    counter(
+        enc,
+        "switchyard_node_objects_shipped",
+        "Copies of this node's hot objects sent to peers",
+        r.stats.shipped.load(Relaxed),
+    )?;
+    counter(
+        enc,
+        "switchyard_node_objects_shipped_bytes",
+        "Bytes of the copies of this node's hot objects sent to peers",
+        r.stats.shipped_bytes.load(Relaxed),
+    )?;
+    gauge(
+        enc,
+        "switchyard_node_hot_targets",
+        "Targets this node owns whose aged count is at the hot threshold",
+        r.hot_count() as i64,
+    )
 }
 
 #[cfg(test)]

@@ -58,12 +58,14 @@ use switchyard_handoff::proto::{DropReason, Message, RouteAction, Routing, Trans
 use switchyard_handoff::proto::{MAX_STRING, MAX_TARGET};
 use switchyard_handoff::taker::Taker;
 use switchyard_handoff::{repair, HandoffError};
-use switchyard_http::request::RequestHead;
+use switchyard_http::request::{Method, RequestHead};
 use switchyard_runtime::{Live, WeakLive};
 
 use crate::conn::{self, ConnStats, Ctx, Outcome, Router, Step};
 use crate::metrics::{HandoffMetrics, NodeMetrics};
+use crate::replica::Replication;
 use crate::report::Reporter;
+use crate::store::Store;
 
 /// How long a connection waits for the switch's `Routed` before serving the
 /// request itself.
@@ -243,6 +245,8 @@ pub(crate) struct Control {
     tx: mpsc::UnboundedSender<Out>,
     routes: Mutex<HashMap<(u64, u64), oneshot::Sender<RouteAction>>>,
     open: AtomicBool,
+    /// The name the other end gave in its `Hello`.
+    peer: std::sync::OnceLock<String>,
 }
 
 impl Control {
@@ -302,6 +306,7 @@ async fn control(
         tx,
         routes: Mutex::new(HashMap::new()),
         open: AtomicBool::new(true),
+        peer: std::sync::OnceLock::new(),
     });
     // The writer outlives the reader while handed-in connections still have
     // `Served` and `Closed` to report; after a bad frame it sends what is
@@ -370,6 +375,7 @@ async fn control(
                 )));
             };
             tracing::info!(%peer, switch = %name, "handoff control connection");
+            let _ = ctl.peer.set(name);
             hello = true;
             ctl.send(Message::Hello {
                 name: rx.name.clone(),
@@ -416,6 +422,9 @@ async fn control(
         }
     };
     ctl.close();
+    if let (Some(r), Some(name)) = (&rx.ctx.replication, ctl.peer.get()) {
+        r.peer_gone(name);
+    }
     match end {
         Ok(()) => tracing::debug!(%peer, "handoff control connection closed"),
         Err(e) => {
@@ -462,6 +471,7 @@ fn name_of(m: &Message) -> &'static str {
         Message::Ping { .. } => "Ping",
         Message::Pong { .. } => "Pong",
         Message::Cancel { .. } => "Cancel",
+        Message::Replica(_) => "Replica",
     }
 }
 
@@ -640,7 +650,8 @@ impl Receiver {
         route: Routing,
         permit: OwnedSemaphorePermit,
     ) {
-        let mut dispatch = Dispatch::new(id, route, ctl.clone(), self.ctx.metrics.clone());
+        let mut dispatch = Dispatch::new(id, route, ctl.clone(), self.ctx.metrics.clone())
+            .replicating(self.ctx.replication.clone(), self.ctx.store.clone());
         let mut total = ConnStats::default();
         loop {
             let out =
@@ -834,6 +845,9 @@ pub(crate) struct Dispatch {
     metrics: Arc<NodeMetrics>,
     /// A dispatched response produced and not yet written: (status, bytes).
     served: Option<(u16, u64)>,
+    /// A clone's owner with replication on: what it needs to copy a hot object to the peer
+    /// that moved the request here, and the object's key once the request is read.
+    replicate: Option<(Arc<Replication>, Arc<Store>, Option<String>)>,
 }
 
 impl Dispatch {
@@ -852,7 +866,17 @@ impl Dispatch {
             ctl,
             metrics,
             served: None,
+            replicate: None,
         }
+    }
+
+    /// A clone served by its owner: counts its request as the owner's reference and, once it
+    /// is answered, sends the peer a copy of a hot object.
+    pub(crate) fn replicating(mut self, r: Option<Arc<Replication>>, store: Arc<Store>) -> Self {
+        if self.route == Routing::Once {
+            self.replicate = r.map(|r| (r, store, None));
+        }
+        self
     }
 
     /// After a failed hand-back: the pending request is served here.
@@ -924,6 +948,14 @@ impl Router for Dispatch {
     async fn route(&mut self, head: &RequestHead) -> Step {
         self.seq += 1;
         if self.seq == 1 && !self.skip_next {
+            if let Some((r, store, key)) = &mut self.replicate {
+                if matches!(head.method, Method::Get | Method::Head) {
+                    *key = store.object_key(&head.target);
+                    if let Some(k) = key.as_deref() {
+                        r.owned(k);
+                    }
+                }
+            }
             return Step::Local { dispatched: true };
         }
         if std::mem::take(&mut self.skip_next) || self.route != Routing::Ask {
@@ -937,9 +969,17 @@ impl Router for Dispatch {
         }
     }
 
-    /// Remembers a dispatched response until it is written.
+    /// Remembers a dispatched response until it is written. A clone's answered request for a
+    /// hot object sends its copy ahead of the connection's return.
     fn answered(&mut self, status: u16, bytes: u64) {
         self.served = Some((status, bytes));
+        if let Some((r, store, key)) = &mut self.replicate {
+            if let (Some(k), Some(peer), true) = (key.take(), self.ctl.peer.get(), status < 400) {
+                if let Some(copy) = r.offer(store, &k, peer) {
+                    self.ctl.send(copy);
+                }
+            }
+        }
     }
 
     /// Everything produced has been written: report a pending response.
@@ -995,6 +1035,7 @@ mod tests {
             tx,
             routes: Mutex::new(HashMap::new()),
             open: AtomicBool::new(true),
+            peer: std::sync::OnceLock::new(),
         });
         (ctl, rx)
     }

@@ -52,6 +52,7 @@ mod forward;
 pub mod fs;
 mod handoff;
 pub mod metrics;
+mod replica;
 pub mod report;
 pub mod store;
 
@@ -207,9 +208,16 @@ fn limits(cfg: &NodeConfig) -> Limits {
 /// admin listener runs on the caller's runtime.
 pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
     let max_connections = max_connections(&cfg)?;
+    let replication = match &cfg.cluster {
+        Some(c) if c.replication.enabled => Some(Arc::new(replica::Replication::new(
+            &c.replication,
+            Duration::from_millis(cfg.cache_revalidate_ms),
+        )?)),
+        _ => None,
+    };
     let cluster = match &cfg.cluster {
         Some(c) => {
-            let cluster = Arc::new(coop::Cluster::new(c)?);
+            let cluster = Arc::new(coop::Cluster::new(c)?.replicating(replication.clone()));
             // Peers reach this node at its member address.
             match (&c.me().map(|m| m.control.clone()), &cfg.handoff_unix) {
                 (Some(ControlAddr::Unix(p)), None) => cfg.handoff_unix = Some(p.clone()),
@@ -236,6 +244,7 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
         idle_timeout: Duration::from_millis(cfg.idle_timeout_ms),
         send_timeout: Duration::from_millis(cfg.send_timeout_ms),
         waiting: WaitingClients::new(),
+        replication,
     });
     let bind_err = |source| NodeError::Bind {
         addr: cfg.listen,

@@ -140,15 +140,44 @@ impl Store {
         self.disk.as_ref().map_or(0, |d| d.lock().queued())
     }
 
-    /// Find the body for a clean request path.
-    pub async fn resolve(&self, path: &CleanPath) -> Resolved {
-        let dir_request = path.trailing_slash || path.path == "/";
-        let key: Cow<'_, str> = if dir_request {
+    /// The key of the object a clean path names: the path itself, or the directory's index
+    /// file.
+    fn key_of<'p>(&self, path: &'p CleanPath) -> Cow<'p, str> {
+        if path.trailing_slash || path.path == "/" {
             let base = path.path.trim_end_matches('/');
             Cow::Owned(format!("{base}/{}", self.index))
         } else {
             Cow::Borrowed(&path.path)
-        };
+        }
+    }
+
+    /// The key of the object a request target names, as the cache and replicas know it;
+    /// `None` for a target that is not a servable path.
+    pub fn object_key(&self, target: &str) -> Option<String> {
+        let clean = switchyard_http::path::normalize(target).ok()?;
+        Some(self.key_of(&clean).into_owned())
+    }
+
+    /// The cached object under `key`, if any (not counted as a reference).
+    pub fn cached(&self, key: &str) -> Option<Arc<CachedObject>> {
+        self.cache.as_ref()?.lock().peek(key).cloned()
+    }
+
+    /// How long ago `object` was last checked against the disk.
+    pub fn validated_age(&self, object: &CachedObject) -> Duration {
+        let checked = Duration::from_nanos(object.validated_at.load(Relaxed));
+        self.now().saturating_sub(checked)
+    }
+
+    /// How long a cached object is trusted before the disk is checked again.
+    pub fn revalidate_interval(&self) -> Duration {
+        self.revalidate
+    }
+
+    /// Find the body for a clean request path.
+    pub async fn resolve(&self, path: &CleanPath) -> Resolved {
+        let dir_request = path.trailing_slash || path.path == "/";
+        let key = self.key_of(path);
         let now = self.now();
         if let Some(cache) = &self.cache {
             let cached = cache.lock().get(&*key, now).cloned();
@@ -228,7 +257,32 @@ impl Drop for DiskGuard<'_> {
 
 /// Read a file into memory: inline bytes or a sealed memfd.
 fn load(file: &File, len: u64) -> io::Result<Content> {
-    let bytes = read_all(file, len)?;
+    content_of(read_all(file, len)?)
+}
+
+impl CachedObject {
+    /// An object held in memory that did not come from this node's disk (a replica): `bytes`
+    /// with the identity `info` its owner gave it.
+    pub fn from_bytes(bytes: Vec<u8>, info: FileInfo) -> io::Result<CachedObject> {
+        Ok(CachedObject {
+            content: content_of(bytes)?,
+            info,
+            validated_at: AtomicU64::new(0),
+        })
+    }
+
+    /// A copy of the object's bytes.
+    pub fn to_bytes(&self) -> io::Result<Vec<u8>> {
+        match &self.content {
+            Content::Inline(b) => Ok(b.to_vec()),
+            Content::Sealed(f) => read_all(f, self.info.len),
+        }
+    }
+}
+
+/// Bytes as cached content: inline when small, else a sealed memfd.
+fn content_of(bytes: Vec<u8>) -> io::Result<Content> {
+    let len = bytes.len() as u64;
     if len <= INLINE_MAX {
         return Ok(Content::Inline(Bytes::from(bytes)));
     }

@@ -44,7 +44,11 @@ impl Cluster {
             .map(|i| {
                 Some(TestNode::start(fill(i), |c| {
                     c.workers = 2;
-                    c.cluster = Some(ClusterConfig::new(format!("n{i}"), members.clone()));
+                    // These tests count clones: no target turns into a local copy
+                    // (tests/replication.rs covers copies).
+                    let mut cluster = ClusterConfig::new(format!("n{i}"), members.clone());
+                    cluster.replication.enabled = false;
+                    c.cluster = Some(cluster);
                 }))
             })
             .collect();

@@ -1,0 +1,180 @@
+//! Hot-object replication in a cooperative cluster (seed 000 §3.2): the node's side of the
+//! decisions in `switchyard_cache::replication`.
+//!
+//! As an owner, the node counts every request it serves for a target it owns, for its own
+//! clients and for peers that move requests to it. When a peer moves it a request for a hot
+//! target, the node sends the peer a copy of the object ([`Message::Replica`]) on the control
+//! connection the request came in on, right after serving it and before the connection goes
+//! back, so the copy is in place before the peer reads its next request.
+//!
+//! As a holder, the node keeps copies in a replica cache of its own and serves requests for
+//! them itself while they are fresh: a copy is served for the rest of its owner's revalidation
+//! interval (the owner says how long ago it last checked the file), after which requests go to
+//! the owner again, which checks its disk and sends a new copy while the target stays hot.
+//! A copy answers exactly as the owner does: same bytes, entity tag, `Last-Modified`.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use switchyard_cache::replication::{HotTargets, ReplicaStats, Replicas};
+use switchyard_handoff::proto::{Message, ReplicaObject};
+
+use crate::config::ReplicationConfig;
+use crate::error::NodeError;
+use crate::fs::FileInfo;
+use crate::store::{CachedObject, Store};
+
+/// Counters beyond the replica cache's own.
+#[derive(Debug, Default)]
+pub(crate) struct ReplicationStats {
+    /// Copies sent to peers.
+    pub shipped: AtomicU64,
+    /// Bytes of the copies sent.
+    pub shipped_bytes: AtomicU64,
+    /// Copies received from owners.
+    pub received: AtomicU64,
+    /// Copies received that could not be kept (no memory for them).
+    pub unusable: AtomicU64,
+}
+
+/// One node's replication state.
+#[derive(Debug)]
+pub(crate) struct Replication {
+    hot: Mutex<HotTargets<String, String>>,
+    replicas: Mutex<Replicas<String, Arc<CachedObject>>>,
+    /// How long a copy may be served after its owner last checked it.
+    fresh_for: Duration,
+    origin: Instant,
+    pub stats: ReplicationStats,
+}
+
+impl Replication {
+    /// Replication as `cfg` sets it, with copies trusted for `fresh_for` after their owner's
+    /// last check (the cluster's `cache_revalidate_ms`).
+    pub(crate) fn new(cfg: &ReplicationConfig, fresh_for: Duration) -> Result<Self, NodeError> {
+        let settings = cfg.settings();
+        let bad = |e| NodeError::Config(format!("[cluster.replication]: {e}"));
+        Ok(Replication {
+            hot: Mutex::new(HotTargets::new(&settings).map_err(bad)?),
+            replicas: Mutex::new(Replicas::new(&settings).map_err(bad)?),
+            fresh_for,
+            origin: Instant::now(),
+            stats: ReplicationStats::default(),
+        })
+    }
+
+    fn now(&self) -> Duration {
+        self.origin.elapsed()
+    }
+
+    /// This node, as owner, serves a request for `key`.
+    pub(crate) fn owned(&self, key: &str) {
+        let now = self.now();
+        self.hot.lock().reference(key, now);
+    }
+
+    /// A fresh copy of `key` held here, counted as a hit.
+    pub(crate) fn replica(&self, key: &str) -> Option<Arc<CachedObject>> {
+        let now = self.now();
+        self.replicas.lock().get(key, now).cloned()
+    }
+
+    /// The copy of `key` to send to `peer`, which moved a request for it here (and was just
+    /// answered from `store`), if the target is hot and its object is in memory.
+    pub(crate) fn offer(&self, store: &Store, key: &str, peer: &str) -> Option<Message> {
+        let object = store.cached(key)?;
+        let now = self.now();
+        let copies = self
+            .hot
+            .lock()
+            .ship(key, object.info.len, peer.to_owned(), now)?;
+        let body = match object.to_bytes() {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(key, error = %e, "cannot read a hot object to copy it");
+                return None;
+            }
+        };
+        let info = &object.info;
+        let mtime_ns = info
+            .mtime
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        self.stats.shipped.fetch_add(1, Relaxed);
+        self.stats
+            .shipped_bytes
+            .fetch_add(body.len() as u64, Relaxed);
+        tracing::debug!(
+            key,
+            peer,
+            copies,
+            bytes = body.len(),
+            "hot object copied to a peer"
+        );
+        Some(Message::Replica(Box::new(ReplicaObject {
+            target: key.to_owned(),
+            etag: info.etag.clone(),
+            last_modified: info.last_modified.clone(),
+            mtime_ns,
+            inode: info.inode,
+            copies,
+            age_ms: u64::try_from(store.validated_age(&object).as_millis()).unwrap_or(u64::MAX),
+            body,
+        })))
+    }
+
+    /// A copy arrived from its owner.
+    pub(crate) fn receive(&self, r: ReplicaObject) {
+        self.stats.received.fetch_add(1, Relaxed);
+        let len = r.body.len() as u64;
+        let info = FileInfo {
+            len,
+            inode: r.inode,
+            mtime: SystemTime::UNIX_EPOCH + Duration::from_nanos(r.mtime_ns),
+            etag: r.etag,
+            last_modified: r.last_modified,
+            content_type: switchyard_http::response::content_type(&r.target),
+        };
+        let object = match CachedObject::from_bytes(r.body, info) {
+            Ok(o) => Arc::new(o),
+            Err(e) => {
+                self.stats.unusable.fetch_add(1, Relaxed);
+                tracing::warn!(key = %r.target, error = %e, "cannot keep a copy of a hot object");
+                return;
+            }
+        };
+        let now = self.now();
+        let age = Duration::from_millis(r.age_ms);
+        let (stored, gone) =
+            self.replicas
+                .lock()
+                .insert(r.target, object, len, r.copies, age, self.fresh_for, now);
+        // Dropped outside the lock (a memfd's pages are freed here).
+        drop(gone);
+        if !stored {
+            tracing::debug!(
+                bytes = len,
+                "copy of a hot object larger than the replica cache takes"
+            );
+        }
+    }
+
+    /// A peer's control connection ended: it is no longer counted as holding copies.
+    pub(crate) fn peer_gone(&self, peer: &str) {
+        self.hot.lock().peer_gone(&peer.to_owned());
+    }
+
+    /// Replicas held, their bytes, and the replica cache's counters.
+    pub(crate) fn held(&self) -> (usize, u64, ReplicaStats) {
+        let r = self.replicas.lock();
+        (r.len(), r.bytes(), r.stats())
+    }
+
+    /// Targets this node owns that are hot now.
+    pub(crate) fn hot_count(&self) -> usize {
+        let now = self.now();
+        self.hot.lock().hottest(usize::MAX, now).len()
+    }
+}

@@ -1,0 +1,224 @@
+//! Hot-object replication over real sockets: two cooperative nodes on one host. Each node's
+//! document root holds the same names with its own name in the bodies, so a body says whose
+//! disk it came from, and the metrics say which node answered.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{eventually, pattern, write, TestNode};
+use switchyard_handoff::link::ControlAddr;
+use switchyard_node::{ClusterConfig, Member, NodeConfig};
+
+const WAIT: Duration = Duration::from_secs(10);
+const TARGETS: usize = 20;
+const THRESHOLD: f64 = 4.0;
+const BIG: usize = 200_000;
+
+fn fill(i: usize) -> impl FnOnce(&std::path::Path) {
+    move |root| {
+        for t in 0..TARGETS {
+            write(root, &format!("t{t}.txt"), format!("n{i}:t{t}").as_bytes());
+        }
+        write(root, "big.bin", &pattern(BIG, i as u8 + 1));
+    }
+}
+
+struct Pair {
+    nodes: Vec<TestNode>,
+    _sockets: tempfile::TempDir,
+}
+
+impl Pair {
+    /// Two members, `n0` and `n1`, hot from `THRESHOLD` references, each changed by `tweak`.
+    fn start(tweak: impl Fn(&mut NodeConfig)) -> Pair {
+        let sockets = tempfile::tempdir().unwrap();
+        let members: Vec<Member> = (0..2)
+            .map(|i| Member {
+                name: format!("n{i}"),
+                control: ControlAddr::Unix(sockets.path().join(format!("n{i}.sock"))),
+            })
+            .collect();
+        let nodes: Vec<TestNode> = (0..2)
+            .map(|i| {
+                TestNode::start(fill(i), |c| {
+                    c.workers = 2;
+                    let mut cluster = ClusterConfig::new(format!("n{i}"), members.clone());
+                    cluster.replication.hot_threshold = THRESHOLD;
+                    // No aging while a test runs: counts stay as the test made them.
+                    cluster.replication.aging_interval_ms = 3_600_000;
+                    c.cluster = Some(cluster);
+                    tweak(c);
+                })
+            })
+            .collect();
+        for t in &nodes {
+            assert!(t.rt.block_on(t.node.as_ref().unwrap().wait_for_peers(WAIT)));
+        }
+        Pair {
+            nodes,
+            _sockets: sockets,
+        }
+    }
+
+    fn metric(&self, i: usize, name: &str) -> f64 {
+        self.nodes[i].metric(name)
+    }
+
+    /// A target of the `/tN.txt` set that `n1` owns, as `n0` routes it.
+    fn owned_by_n1(&self) -> usize {
+        let mut c = self.nodes[0].client();
+        (0..TARGETS)
+            .find(|t| c.get(&format!("/t{t}.txt")).body == format!("n1:t{t}").as_bytes())
+            .expect("n1 owns one of 20 targets")
+    }
+}
+
+fn cluster_of(c: &mut NodeConfig) -> &mut ClusterConfig {
+    c.cluster.as_mut().unwrap()
+}
+
+#[test]
+fn a_hot_target_is_copied_to_the_peer_that_asks_and_served_there() {
+    let p = Pair::start(|_| {});
+    let t = p.owned_by_n1();
+    let path = format!("/t{t}.txt");
+    let body = format!("n1:t{t}");
+    // The probe above was the first reference; the owner copies the target with the answer
+    // that makes its count reach the threshold.
+    let mut client = p.nodes[0].client();
+    let before_clones = p.metric(1, "switchyard_node_clones_in_total");
+    for _ in 1..THRESHOLD as usize {
+        let r = client.get(&path);
+        assert_eq!((r.status, r.body.as_slice()), (200, body.as_bytes()));
+    }
+    assert_eq!(
+        p.metric(1, "switchyard_node_clones_in_total") - before_clones,
+        THRESHOLD - 1.0
+    );
+    assert_eq!(p.metric(1, "switchyard_node_objects_shipped_total"), 1.0);
+    assert!(eventually(WAIT, || p.metric(0, "switchyard_node_replicas") == 1.0));
+    assert_eq!(
+        p.metric(0, "switchyard_node_replica_bytes"),
+        body.len() as f64
+    );
+    // From now on n0 answers it itself, with the owner's bytes and validators.
+    let from_owner = p.nodes[1].client().get(&path);
+    let clones = p.metric(1, "switchyard_node_clones_in_total");
+    for _ in 0..10 {
+        let r = client.get(&path);
+        assert_eq!((r.status, r.body.as_slice()), (200, body.as_bytes()));
+        assert_eq!(r.header("ETag"), from_owner.header("ETag"));
+        assert_eq!(
+            r.header("Last-Modified"),
+            from_owner.header("Last-Modified")
+        );
+        assert_eq!(r.header("Content-Type"), from_owner.header("Content-Type"));
+    }
+    assert_eq!(p.metric(0, "switchyard_node_replica_hits_total"), 10.0);
+    assert_eq!(p.metric(1, "switchyard_node_clones_in_total"), clones);
+    // A conditional request is answered from the copy as the owner would.
+    let etag = from_owner.header("ETag").unwrap().to_owned();
+    client.send(
+        format!("GET {path} HTTP/1.1\r\nHost: t\r\nIf-None-Match: {etag}\r\n\r\n").as_bytes(),
+    );
+    assert_eq!(client.response(false).status, 304);
+    assert_eq!(p.metric(0, "switchyard_node_replica_hits_total"), 11.0);
+    // The owner never got a copy of its own target, nor of a cold one.
+    assert_eq!(p.metric(1, "switchyard_node_replicas"), 0.0);
+    assert_eq!(p.metric(0, "switchyard_node_objects_shipped_total"), 0.0);
+}
+
+#[test]
+fn cold_targets_stay_with_their_owner_and_the_replica_budget_holds() {
+    // Room for the small targets, not for the big one.
+    let p = Pair::start(|c| {
+        cluster_of(c).replication.replica_bytes = 100_000;
+        cluster_of(c).replication.max_object_bytes = 1 << 20;
+    });
+    let t = p.owned_by_n1();
+    let path = format!("/t{t}.txt");
+    let mut client = p.nodes[0].client();
+    // Below the threshold: cloned every time, no copy.
+    for _ in 1..THRESHOLD as usize - 1 {
+        assert_eq!(client.get(&path).status, 200);
+    }
+    assert_eq!(p.metric(1, "switchyard_node_objects_shipped_total"), 0.0);
+    assert_eq!(p.metric(0, "switchyard_node_replicas"), 0.0);
+    // The big object: wherever it lives, the peer's copy is refused by its budget.
+    let owner_of_big = {
+        let r = client.get("/big.bin");
+        assert_eq!(r.status, 200);
+        if r.body == pattern(BIG, 2) {
+            1
+        } else {
+            assert_eq!(r.body, pattern(BIG, 1));
+            0
+        }
+    };
+    let entry = 1 - owner_of_big;
+    let mut client = p.nodes[entry].client();
+    for _ in 0..2 * THRESHOLD as usize {
+        let r = client.get("/big.bin");
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body, pattern(BIG, owner_of_big as u8 + 1));
+    }
+    assert!(p.metric(owner_of_big, "switchyard_node_objects_shipped_total") >= 1.0);
+    assert!(eventually(WAIT, || {
+        p.metric(entry, "switchyard_node_replicas_rejected_total") >= 1.0
+    }));
+    assert_eq!(p.metric(entry, "switchyard_node_replicas"), 0.0);
+    assert!(p.metric(entry, "switchyard_node_replica_bytes") <= 100_000.0);
+    assert_eq!(p.metric(entry, "switchyard_node_replica_hits_total"), 0.0);
+}
+
+#[test]
+fn a_changed_file_is_not_served_from_an_old_copy_beyond_the_revalidation_interval() {
+    const REVALIDATE: Duration = Duration::from_millis(300);
+    let p = Pair::start(|c| c.cache_revalidate_ms = REVALIDATE.as_millis() as u64);
+    let t = p.owned_by_n1();
+    let path = format!("/t{t}.txt");
+    let mut client = p.nodes[0].client();
+    for _ in 1..THRESHOLD as usize {
+        client.get(&path);
+    }
+    assert!(eventually(WAIT, || p.metric(0, "switchyard_node_replicas") == 1.0));
+    let hits = p.metric(0, "switchyard_node_replica_hits_total");
+    assert_eq!(client.get(&path).body, format!("n1:t{t}").as_bytes());
+    assert_eq!(
+        p.metric(0, "switchyard_node_replica_hits_total"),
+        hits + 1.0
+    );
+
+    // The owner's file changes; from one revalidation interval on, nobody serves the old one.
+    let new = format!("n1:t{t}:changed");
+    write(p.nodes[1].root.path(), &format!("t{t}.txt"), new.as_bytes());
+    let changed = Instant::now();
+    let deadline = changed + WAIT;
+    loop {
+        let asked = Instant::now();
+        let r = client.get(&path);
+        assert_eq!(r.status, 200);
+        if asked >= changed + REVALIDATE {
+            assert_eq!(
+                r.body,
+                new.as_bytes(),
+                "old bytes {:?} after the revalidation interval",
+                asked - changed
+            );
+            break;
+        }
+        assert!(
+            r.body == new.as_bytes() || r.body == format!("n1:t{t}").as_bytes(),
+            "{:?}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert!(Instant::now() < deadline);
+    }
+    // The target is still hot: its new bytes are copied again and served here.
+    assert!(eventually(WAIT, || {
+        client.get(&path).body == new.as_bytes()
+            && p.metric(1, "switchyard_node_objects_shipped_total") >= 2.0
+    }));
+    assert!(p.metric(0, "switchyard_node_replicas_expired_total") >= 1.0);
+}
