@@ -5,6 +5,7 @@
 //! switchyard trace sessions FILE [--gap-secs 15] [--batch-secs 5] [--json] [--keep-query]
 //! switchyard trace synth --trace FILE [--out-root DIR] [--seed S] [--targets N]
 //!                        [--total-bytes SIZE] [--zipf-alpha A] [--requests N] [--clients N] …
+//! switchyard trace root FILE --out-root DIR [--index index.html] [--seed S] [--force] [--json]
 //! ```
 //!
 //! `FILE` may be `-` for standard input. Output is human-readable by
@@ -12,7 +13,8 @@
 //!
 //! * `stats`: `{"file", "parse": ParseReport, …every field of TraceStats}`;
 //! * `sessions`: `{"file", "parse": ParseReport, …every field of SessionStats}`;
-//! * `synth`: `{"trace", "out_root", "config": SynthConfig, "summary": SynthSummary, "stats": TraceStats}`.
+//! * `synth`: `{"trace", "out_root", "config": SynthConfig, "summary": SynthSummary, "stats": TraceStats}`;
+//! * `root`: `{"file", "out_root", "parse": ParseReport, "files", "bytes", "skipped": [[target, reason]]}`.
 
 use std::fmt::Write as _;
 use std::io::{self, BufReader, Write};
@@ -99,6 +101,28 @@ pub enum TraceCommand {
         /// Largest file size (suffixes K, M, G, T).
         #[arg(long, value_parser = parse_size, default_value = "64M")]
         max_file_bytes: u64,
+        /// Write into a non-empty document root (files are overwritten, nothing is deleted).
+        #[arg(long)]
+        force: bool,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a document root for a log: every logged target a file of its logged size (the
+    /// largest byte count logged for it), named as a node resolves the target, so that the log
+    /// can be replayed against a cluster serving that root.
+    Root {
+        /// Log in Common or Combined Log Format (`-` for standard input).
+        file: PathBuf,
+        /// Where to write the document root (must be absent or empty unless --force).
+        #[arg(long)]
+        out_root: PathBuf,
+        /// The index file of a directory target (as the node's `index`).
+        #[arg(long, default_value = "index.html")]
+        index: String,
+        /// Seed of the files' content: the same seed gives the same bytes.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
         /// Write into a non-empty document root (files are overwritten, nothing is deleted).
         #[arg(long)]
         force: bool,
@@ -202,6 +226,16 @@ struct SynthOutput<'a> {
     config: &'a SynthConfig,
     summary: &'a SynthSummary,
     stats: &'a TraceStats,
+}
+
+#[derive(Serialize)]
+struct RootOutput<'a> {
+    file: String,
+    out_root: String,
+    parse: &'a ParseReport,
+    files: usize,
+    bytes: u64,
+    skipped: &'a [(String, crate::root::Skipped)],
 }
 
 fn json_line(out: &mut dyn Write, value: &impl Serialize) -> Result<(), TraceError> {
@@ -330,6 +364,53 @@ pub fn run(cmd: &TraceCommand, out: &mut dyn Write) -> Result<(), TraceError> {
                 out.write_all(s.as_bytes())?;
                 Ok(())
             }
+        }
+        TraceCommand::Root {
+            file,
+            out_root,
+            index,
+            seed,
+            force,
+            json,
+        } => {
+            let mut builder = WorkloadBuilder::new(TargetKey::Path);
+            let report = read_log(file, |r| builder.add(r))?;
+            let workload = builder.finish();
+            let plan = crate::root::plan_root(&workload, index);
+            plan.write(out_root, *seed, *force)?;
+            if *json {
+                return json_line(
+                    out,
+                    &RootOutput {
+                        file: file.display().to_string(),
+                        out_root: out_root.display().to_string(),
+                        parse: &report,
+                        files: plan.files.len(),
+                        bytes: plan.bytes(),
+                        skipped: &plan.skipped,
+                    },
+                );
+            }
+            let mut s = String::new();
+            write_parse_human(&mut s, file, &report);
+            let _ = writeln!(s, "root                 {}", out_root.display());
+            let _ = writeln!(
+                s,
+                "files                {} ({} bytes)",
+                plan.files.len(),
+                plan.bytes()
+            );
+            let _ = writeln!(s, "targets left out     {}", plan.skipped.len());
+            for (target, why) in &plan.skipped {
+                let why = match why {
+                    crate::root::Skipped::Refused(e) => format!("refused: {e}"),
+                    crate::root::Skipped::NameTooLong => "a name is too long".into(),
+                    crate::root::Skipped::AlsoADirectory => "other targets lie beneath it".into(),
+                };
+                let _ = writeln!(s, "  {target}  ({why})");
+            }
+            out.write_all(s.as_bytes())?;
+            Ok(())
         }
     }
 }
@@ -653,6 +734,47 @@ mod tests {
             c => panic!("{c:?}"),
         }
         assert!(App::try_parse_from(["t", "synth"]).is_err());
+    }
+
+    #[test]
+    fn root_writes_the_logged_sizes_and_reports_what_it_left_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("a.log");
+        std::fs::write(
+            &log,
+            "h - - [01/Jun/1995:00:00:59 -0600] \"GET /a/b.gif\" 200 10\n\
+             h - - [01/Jun/1995:00:01:00 -0600] \"GET /a/b.gif?x=1 HTTP/1.0\" 200 30\n\
+             h - - [01/Jun/1995:00:01:01 -0600] \"GET /a/ HTTP/1.0\" 200 5\n\
+             h - - [01/Jun/1995:00:01:02 -0600] \"GET /../x HTTP/1.0\" 400 -\n",
+        )
+        .unwrap();
+        let root = dir.path().join("root");
+        let cmd = App::try_parse_from([
+            "t",
+            "root",
+            log.to_str().unwrap(),
+            "--out-root",
+            root.to_str().unwrap(),
+            "--json",
+        ])
+        .unwrap()
+        .cmd;
+        let mut out = Vec::new();
+        run(&cmd, &mut out).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(
+            (v["files"].as_u64(), v["bytes"].as_u64()),
+            (Some(2), Some(35))
+        );
+        assert_eq!(v["skipped"][0][0], "/../x");
+        assert_eq!(std::fs::metadata(root.join("a/b.gif")).unwrap().len(), 30);
+        assert_eq!(
+            std::fs::metadata(root.join("a/index.html")).unwrap().len(),
+            5
+        );
+        // The root is not empty any more: a second run refuses it.
+        let e = run(&cmd, &mut Vec::new()).unwrap_err();
+        assert!(e.to_string().contains("not empty"), "{e}");
     }
 
     #[test]

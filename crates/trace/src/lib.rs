@@ -43,6 +43,7 @@ pub mod dist;
 mod hash;
 pub mod parse;
 pub mod record;
+pub mod root;
 pub mod session;
 pub mod stats;
 pub mod synth;
@@ -94,4 +95,21 @@ pub enum TraceError {
     /// JSON output failed.
     #[error("cannot write JSON: {0}")]
     Json(#[from] serde_json::Error),
+}
+
+/// Checks that `root` is absent or an empty directory, before a document root is written there.
+pub(crate) fn ensure_empty(root: &std::path::Path) -> Result<(), TraceError> {
+    match std::fs::read_dir(root) {
+        Ok(mut entries) => match entries.next() {
+            None => Ok(()),
+            Some(_) => Err(TraceError::NotEmpty {
+                path: root.to_owned(),
+            }),
+        },
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(TraceError::Write {
+            path: root.to_owned(),
+            source,
+        }),
+    }
 }

@@ -569,17 +569,7 @@ impl Synthesis {
             move |source| TraceError::Write { path, source }
         };
         if !force {
-            match fs::read_dir(root) {
-                Ok(mut entries) => {
-                    if entries.next().is_some() {
-                        return Err(TraceError::NotEmpty {
-                            path: root.to_owned(),
-                        });
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(wrap(root)(e)),
-            }
+            crate::ensure_empty(root)?;
         }
         let dirs: BTreeSet<PathBuf> = self
             .site

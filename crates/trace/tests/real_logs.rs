@@ -307,3 +307,93 @@ fn real_logs_round_trip_through_the_formatter() {
         }
     }
 }
+
+/// `trace root` on the real logs: every logged target has a file of exactly the largest byte
+/// count logged for it (by the independent count above), or is listed as left out with a
+/// reason that holds. The small log's root is written and measured on disk; the large one's
+/// (560 MB) is checked as planned, which is what is written.
+#[test]
+fn a_root_from_real_logs_reproduces_every_logged_size() {
+    use switchyard_trace::root::{file_of, plan_root, Skipped};
+    for (name, on_disk) in [
+        ("apache_combined_2015.log", false),
+        ("usask_1995_excerpt.log", true),
+    ] {
+        let ind = independent(&read(name));
+        let (workload, _) = Workload::open(&data(name), TargetKey::Path).unwrap();
+        let plan = plan_root(&workload, "index.html");
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        if on_disk {
+            plan.write(&root, 7, false).unwrap();
+        }
+        let size_of = |f: &str| -> u64 {
+            if on_disk {
+                std::fs::metadata(root.join(f))
+                    .unwrap_or_else(|e| panic!("{name}: {f}: {e}"))
+                    .len()
+            } else {
+                plan.files[f]
+            }
+        };
+        // The expected size of each file: the largest over the logged paths that name it.
+        let mut expected: HashMap<String, u64> = HashMap::new();
+        for (path, &size) in &ind.sizes {
+            if let Ok(f) = file_of(path, "index.html") {
+                let e = expected.entry(f).or_insert(0);
+                *e = (*e).max(size);
+            }
+        }
+        let skipped: HashSet<&str> = plan.skipped.iter().map(|(t, _)| t.as_str()).collect();
+        let mut checked = 0;
+        for path in ind.sizes.keys() {
+            match file_of(path, "index.html") {
+                Ok(f) if !skipped.contains(path.as_str()) => {
+                    assert_eq!(size_of(&f), expected[&f], "{name}: {path}");
+                    checked += 1;
+                }
+                Ok(f) => {
+                    // Left out only because other targets lie beneath it.
+                    assert!(
+                        expected.keys().any(|o| o.starts_with(&format!("{f}/"))),
+                        "{name}: {path} left out"
+                    );
+                }
+                Err(_) => assert!(skipped.contains(path.as_str()), "{name}: {path}"),
+            }
+        }
+        assert!(
+            checked as f64 >= 0.95 * ind.sizes.len() as f64,
+            "{name}: {checked} of {} targets have files",
+            ind.sizes.len()
+        );
+        for (t, why) in &plan.skipped {
+            assert!(ind.sizes.contains_key(t.as_str()), "{name}: {t} was logged");
+            if *why == Skipped::AlsoADirectory && on_disk {
+                assert!(root.join(file_of(t, "index.html").unwrap()).is_dir());
+            }
+        }
+        if on_disk {
+            assert_eq!(
+                plan.files.len(),
+                walk(&root),
+                "{name}: one file per planned file"
+            );
+        }
+    }
+}
+
+/// Regular files beneath `dir`.
+fn walk(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                walk(&e.path())
+            } else {
+                1
+            }
+        })
+        .sum()
+}
