@@ -7,6 +7,7 @@
 //! and shares the request parser of the data path, so it has the same
 //! limits and the same answers to bad input.
 
+pub mod cluster;
 pub mod encode;
 pub mod status;
 

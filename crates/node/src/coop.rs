@@ -106,6 +106,8 @@ pub(crate) struct PeerStats {
     /// Clones lost: the peer's control connection ended while it held them, or nobody knows
     /// whether it took them (abandoned).
     pub lost: AtomicU64,
+    /// Requests the owner map gave the peer (cloned, or served here from a copy).
+    pub routed: AtomicU64,
 }
 
 /// One member of the cluster other than this node.
@@ -198,6 +200,10 @@ pub(crate) struct Cluster {
     /// Every member by index; this node's entry is `None`.
     peers: Vec<Option<Arc<Peer>>>,
     names: Vec<String>,
+    /// Every member's control address, for the status page.
+    controls: Vec<String>,
+    /// The owner map's policy name.
+    policy_name: String,
     owners: Mutex<Owners>,
     next_id: AtomicU64,
     next_conn: AtomicU64,
@@ -271,6 +277,8 @@ impl Cluster {
             me_id: member_id(&cfg.members[me].name),
             peers,
             names: cfg.members.iter().map(|m| m.name.clone()).collect(),
+            controls: cfg.members.iter().map(|m| m.control.to_string()).collect(),
+            policy_name: cfg.policy.name.to_string(),
             owners: Mutex::new(Owners { policy, index: ids }),
             next_id: AtomicU64::new(1),
             next_conn: AtomicU64::new(1),
@@ -315,6 +323,50 @@ impl Cluster {
         o.policy.connection_end(conn, self.now());
         let i = *o.index.get(&d.node())?;
         Some(&self.names[i])
+    }
+
+    /// The cluster as this member sees it, for `/status.json`.
+    pub(crate) fn status(&self) -> switchyard_admin::cluster::ClusterStatus {
+        use switchyard_admin::cluster::{ClusterStatus, MemberStatus};
+        let members = self
+            .names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let (up, routed, clones, hand_backs, lost) = match &self.peers[i] {
+                    Some(p) => (
+                        p.is_up(),
+                        p.stats.routed.load(Relaxed),
+                        p.stats.clones.load(Relaxed),
+                        p.stats.hand_backs.load(Relaxed),
+                        p.stats.lost.load(Relaxed),
+                    ),
+                    None => (true, self.stats.owned.load(Relaxed), 0, 0, 0),
+                };
+                MemberStatus {
+                    name: name.clone(),
+                    control: self.controls[i].clone(),
+                    this_node: i == self.me,
+                    up,
+                    routed,
+                    clones,
+                    hand_backs,
+                    lost,
+                }
+            })
+            .collect();
+        ClusterStatus {
+            name: self.name().to_owned(),
+            policy: self.policy_name.clone(),
+            members,
+            clones_outstanding: self.stats.outstanding.load(Relaxed),
+            fallbacks: self
+                .stats
+                .fallbacks()
+                .map(|(l, n)| (l.to_owned(), n))
+                .collect(),
+            replication: self.replication.as_ref().map(|r| r.status()),
+        }
     }
 
     /// Keep the control connection to every peer up until `stop`.
@@ -539,6 +591,7 @@ impl Router for Owned<'_> {
         };
         match owner.and_then(|i| c.peers[i].clone()) {
             Some(peer) => {
+                peer.stats.routed.fetch_add(1, Relaxed);
                 if let (Some(r), Some(key)) = (&c.replication, &key) {
                     if let Some(object) = r.replica(key) {
                         self.served_for = peer.id;

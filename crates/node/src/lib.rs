@@ -21,7 +21,9 @@
 //!
 //! In cooperative mode (`cluster`, seed 000) there is no switch: every node
 //! accepts clients, and a request owned by another member moves there with
-//! its connection and comes back once answered (`coop`).
+//! its connection and comes back once answered (`coop`); hot objects are
+//! copied to the members that ask for them (`replica`), and the admin
+//! listener adds `/status.json` with the cluster as this member sees it.
 //!
 //! # Module order
 //!
@@ -262,13 +264,22 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
             if let Some(c) = &cluster {
                 coop::register(&mut registry, c.clone());
             }
+            let mut admin = Admin::new(registry);
+            if let Some(c) = cluster.clone() {
+                // The cluster as this member sees it.
+                admin = admin.route(
+                    "/status.json",
+                    Arc::new(move || switchyard_admin::Page {
+                        content_type: "application/json",
+                        body: serde_json::to_vec(&c.status()).unwrap_or_default(),
+                    }),
+                );
+            }
             let admin_listener = Admin::bind(a).await?;
             let bound = admin_listener
                 .local_addr()
                 .map_err(|source| NodeError::Bind { addr: a, source })?;
-            tasks.push(tokio::spawn(
-                Admin::new(registry).serve(admin_listener, stop_rx.clone()),
-            ));
+            tasks.push(tokio::spawn(admin.serve(admin_listener, stop_rx.clone())));
             Some(bound)
         }
         None => None,

@@ -172,6 +172,28 @@ impl Replication {
         (r.len(), r.bytes(), r.stats())
     }
 
+    /// Counters and the hottest owned targets, for `/status.json`.
+    pub(crate) fn status(&self) -> switchyard_admin::cluster::ReplicationStatus {
+        let (replicas, replica_bytes, capacity, hits) = {
+            let r = self.replicas.lock();
+            (
+                r.len() as u64,
+                r.bytes(),
+                r.capacity_bytes(),
+                r.stats().hits,
+            )
+        };
+        let now = self.now();
+        switchyard_admin::cluster::ReplicationStatus {
+            replicas,
+            replica_bytes,
+            replica_capacity_bytes: capacity,
+            replica_hits: hits,
+            objects_shipped: self.stats.shipped.load(Relaxed),
+            hottest: self.hot.lock().hottest(10, now),
+        }
+    }
+
     /// Targets this node owns that are hot now.
     pub(crate) fn hot_count(&self) -> usize {
         let now = self.now();

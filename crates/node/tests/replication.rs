@@ -7,6 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{eventually, pattern, write, TestNode};
+use switchyard_admin::cluster::ClusterStatus;
 use switchyard_handoff::link::ControlAddr;
 use switchyard_node::{ClusterConfig, Member, NodeConfig};
 
@@ -63,6 +64,13 @@ impl Pair {
 
     fn metric(&self, i: usize, name: &str) -> f64 {
         self.nodes[i].metric(name)
+    }
+
+    /// Node `i`'s `/status.json`.
+    fn status(&self, i: usize) -> ClusterStatus {
+        let mut c = common::Client::connect(self.nodes[i].admin());
+        c.send(b"GET /status.json HTTP/1.1\r\nHost: t\r\n\r\n");
+        serde_json::from_slice(&c.response(false).body).unwrap()
     }
 
     /// A target of the `/tN.txt` set that `n1` owns, as `n0` routes it.
@@ -127,6 +135,33 @@ fn a_hot_target_is_copied_to_the_peer_that_asks_and_served_there() {
     // The owner never got a copy of its own target, nor of a cold one.
     assert_eq!(p.metric(1, "switchyard_node_replicas"), 0.0);
     assert_eq!(p.metric(0, "switchyard_node_objects_shipped_total"), 0.0);
+
+    // Each member's status page tells the same story.
+    let (s0, s1) = (p.status(0), p.status(1));
+    assert_eq!((s0.name.as_str(), s1.name.as_str()), ("n0", "n1"));
+    assert_eq!(s0.policy, "chash");
+    let names: Vec<(&str, bool, bool)> = s0
+        .members
+        .iter()
+        .map(|m| (m.name.as_str(), m.this_node, m.up))
+        .collect();
+    assert_eq!(names, vec![("n0", true, true), ("n1", false, true)]);
+    // n0 gave n1 every request for the target (the probe's search included).
+    assert!(
+        s0.members[1].routed >= 1 + 3 + 10 + 1,
+        "{:?}",
+        s0.members[1]
+    );
+    assert_eq!(s0.members[1].clones, s0.members[1].hand_backs);
+    let r0 = s0.replication.expect("replication on");
+    assert_eq!((r0.replicas, r0.replica_hits), (1, 11));
+    let r1 = s1.replication.expect("replication on");
+    assert_eq!(r1.objects_shipped, 1);
+    assert_eq!(
+        r1.hottest.first().map(|h| h.0.as_str()),
+        Some(path.as_str())
+    );
+    assert_eq!(s1.clones_outstanding, 0);
 }
 
 #[test]
