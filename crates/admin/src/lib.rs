@@ -166,7 +166,8 @@ impl Admin {
                 return Ok(());
             }
             let path = head.target.split('?').next().unwrap_or("/");
-            if let (Method::Get | Method::Head, Some(feed)) = (head.method, self.streams.get(path)) {
+            if let (Method::Get | Method::Head, Some(feed)) = (head.method, self.streams.get(path))
+            {
                 // The connection becomes the viewer's stream.
                 return feed
                     .serve(stream, head.method == Method::Head, shutdown)

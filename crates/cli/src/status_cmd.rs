@@ -88,7 +88,13 @@ fn get(addr: SocketAddr, path: &str) -> anyhow::Result<Vec<u8>> {
         .headers
         .iter()
         .find(|h| h.name.eq_ignore_ascii_case("content-length"))
-        .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse::<usize>().ok());
+        .and_then(|h| {
+            std::str::from_utf8(h.value)
+                .ok()?
+                .trim()
+                .parse::<usize>()
+                .ok()
+        });
     let body = raw[head_len..].to_vec();
     if code != 200 {
         anyhow::bail!(
@@ -98,7 +104,10 @@ fn get(addr: SocketAddr, path: &str) -> anyhow::Result<Vec<u8>> {
     }
     if let Some(n) = length {
         if body.len() != n {
-            anyhow::bail!("{addr}{path}: answer cut short ({} of {n} bytes)", body.len());
+            anyhow::bail!(
+                "{addr}{path}: answer cut short ({} of {n} bytes)",
+                body.len()
+            );
         }
     }
     Ok(body)
@@ -345,16 +354,25 @@ mod tests {
     fn a_line_per_node_with_rates_and_totals() {
         let text = render("127.0.0.1:9080", &state());
         let lines: Vec<&str> = text.lines().collect();
-        assert!(lines[0].contains("policy lard, handoff, generation 1"), "{text}");
+        assert!(
+            lines[0].contains("policy lard, handoff, generation 1"),
+            "{text}"
+        );
         assert!(lines[0].contains("1/2 nodes up"), "{text}");
-        assert!(lines[1].starts_with("node") && lines[1].contains("p99ms"), "{text}");
+        assert!(
+            lines[1].starts_with("node") && lines[1].contains("p99ms"),
+            "{text}"
+        );
         let n0: Vec<&str> = lines[2].split_whitespace().collect();
         assert_eq!(&n0[..4], &["127.0.0.1:8081", "UP", "10", "0"], "{text}");
         assert!(lines[3].contains("DOWN"), "{text}");
         let total: Vec<&str> = lines[4].split_whitespace().collect();
         assert_eq!(total[0], "total");
         assert!(lines[4].contains(" 30 "), "requests summed: {text}");
-        assert!(text.contains("hot targets: /a.html → 127.0.0.1:8081 7/s"), "{text}");
+        assert!(
+            text.contains("hot targets: /a.html → 127.0.0.1:8081 7/s"),
+            "{text}"
+        );
         assert!(text.contains("fallbacks: timeout 2\n"), "{text}");
         // Columns line up: each value ends where its heading does.
         let req_end = lines[1].find("req/s").unwrap() + "req/s".len();

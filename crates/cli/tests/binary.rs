@@ -355,18 +355,31 @@ fn run_demo(mut cmd: Command) {
 /// `metrics`): the table, `--json`, and `--watch` redrawing in place.
 fn status_reads_the_running_switch(admin: &str, metrics: &str) {
     let out = bin().args(["status", "--admin", admin]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
     let lines: Vec<&str> = text.lines().collect();
-    assert!(lines[0].starts_with(&format!("switch {admin}: policy lard, handoff")), "{text}");
+    assert!(
+        lines[0].starts_with(&format!("switch {admin}: policy lard, handoff")),
+        "{text}"
+    );
     assert!(lines[0].contains("4/4 nodes up"), "{text}");
-    assert!(lines[1].starts_with("node") && lines[1].contains("p99ms"), "{text}");
+    assert!(
+        lines[1].starts_with("node") && lines[1].contains("p99ms"),
+        "{text}"
+    );
     let nodes: Vec<&&str> = lines.iter().filter(|l| l.contains(" UP ")).collect();
     assert_eq!(nodes.len(), 4, "{text}");
     // The requests column sums what the switch counted (three so far, as /metrics says).
     let (_, m) = get(metrics);
     assert!(String::from_utf8_lossy(&m).contains("switchyard_switch_node_requests_total"));
-    let total = lines.iter().find(|l| l.starts_with("total")).expect("a total line");
+    let total = lines
+        .iter()
+        .find(|l| l.starts_with("total"))
+        .expect("a total line");
     let cols: Vec<&str> = lines[1].split_whitespace().collect();
     let at = cols.iter().position(|c| *c == "requests").unwrap();
     // "total" has no state, load or latency cells: count from the right.
@@ -374,11 +387,18 @@ fn status_reads_the_running_switch(admin: &str, metrics: &str) {
     let t: Vec<&str> = total.split_whitespace().collect();
     assert_eq!(t[t.len() - from_right], "3", "{text}");
 
-    let out = bin().args(["status", "--admin", admin, "--json"]).output().unwrap();
+    let out = bin()
+        .args(["status", "--admin", admin, "--json"])
+        .output()
+        .unwrap();
     assert!(out.status.success());
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(j["status"]["nodes"].as_array().unwrap().len(), 4);
-    assert_eq!(j["dashboard"]["meta"]["nodes"].as_array().unwrap().len(), 4, "{j}");
+    assert_eq!(
+        j["dashboard"]["meta"]["nodes"].as_array().unwrap().len(),
+        4,
+        "{j}"
+    );
     assert_eq!(j["dashboard"]["meta"]["kind"], "switch");
 
     let mut watch = Running(
@@ -414,10 +434,16 @@ fn status_reads_the_running_switch(admin: &str, metrics: &str) {
     drop(watch);
 
     // A switch that is not there: a clear error.
-    let out = bin().args(["status", "--admin", "127.0.0.1:1"]).output().unwrap();
+    let out = bin()
+        .args(["status", "--admin", "127.0.0.1:1"])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("cannot reach the admin listener at 127.0.0.1:1"), "{err}");
+    assert!(
+        err.contains("cannot reach the admin listener at 127.0.0.1:1"),
+        "{err}"
+    );
 }
 
 fn node_runs_from_a_config_file_and_flags_override_it() {

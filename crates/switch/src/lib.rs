@@ -70,7 +70,10 @@
 //! keep their pools and counters. [`RunningSwitch::shutdown`] stops accepting, closes idle client
 //! connections, lets busy ones finish their response with `Connection: close` and waits up to a
 //! grace period. Metrics (Prometheus, `/metrics` on the admin listener) are listed in
-//! [`metrics`]; `/status.json` shows the nodes and the policy.
+//! [`metrics`]; `/status.json` shows the nodes and the policy. The admin listener's `/` is the
+//! live dashboard, fed once a second over server-sent events (`/events`, `/dashboard.json`) by
+//! one sampling task (`dashboard`): per-node rates, response times (`Backend::latency`),
+//! handoffs, fallbacks, health, the target map and the hottest targets.
 //!
 //! # Modules
 //!
@@ -87,7 +90,8 @@
 //! 8. `health`, `report`: active health checks, load reports;
 //! 9. `handoff`: offering a connection to a node, and each worker's control connections;
 //! 10. `relay`: the client connection loop (hands connections off through `handoff`);
-//! 11. [`metrics`]: the Prometheus registry and `/status.json` over the state;
+//! 11. [`metrics`]: the Prometheus registry and `/status.json` over the state; `dashboard`: the
+//!     live dashboard's samples of the state;
 //! 12. this file: wiring — start, reload, shutdown, the worker threads' accept loops, and the
 //!     relay loop given to `handoff` for connections given back that no node takes.
 
@@ -473,8 +477,10 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
                 .local_addr()
                 .map_err(|source| SwitchError::Bind { addr: a, source })?;
             let s = shared.clone();
-            let (publisher, feed) =
-                switchyard_admin::dashboard::feed::channel(cfg.dashboard_viewers, dashboard::HISTORY);
+            let (publisher, feed) = switchyard_admin::dashboard::feed::channel(
+                cfg.dashboard_viewers,
+                dashboard::HISTORY,
+            );
             let latest = feed.clone();
             let admin = Admin::new(registry)
                 .route(

@@ -76,7 +76,10 @@ impl Viewer {
 }
 
 /// Keep-alive GETs of `path` on one client thread until the returned flag is set.
-fn traffic(addr: SocketAddr, path: &'static str) -> (Arc<AtomicBool>, std::thread::JoinHandle<u64>) {
+fn traffic(
+    addr: SocketAddr,
+    path: &'static str,
+) -> (Arc<AtomicBool>, std::thread::JoinHandle<u64>) {
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
     let t = std::thread::spawn(move || {
@@ -105,7 +108,10 @@ fn the_page_is_served_from_the_binary() {
     assert_eq!(r.status, 200);
     assert_eq!(r.header("content-type"), Some("text/html; charset=utf-8"));
     let page = r.text();
-    assert!(page.contains("EventSource(\"events\")"), "the page follows /events");
+    assert!(
+        page.contains("EventSource(\"events\")"),
+        "the page follows /events"
+    );
     assert!(
         !page.contains("http://") && !page.contains("https://"),
         "the page loads nothing from elsewhere"
@@ -125,12 +131,19 @@ fn updates_follow_traffic_and_health() {
     let admin = sw.sw().admin_addr().unwrap();
     let (head, mut v) = Viewer::open(admin);
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    assert!(head.to_ascii_lowercase().contains("content-type: text/event-stream"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/event-stream"),
+        "{head}"
+    );
     let meta = v.meta();
     assert_eq!(meta.kind, "switch");
     assert_eq!(meta.policy, "lard");
     assert_eq!(meta.cols, COLUMNS.map(String::from).to_vec());
-    assert_eq!(meta.nodes, addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>());
+    assert_eq!(
+        meta.nodes,
+        addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>()
+    );
 
     let (stop, load) = traffic(sw.addr, "/a.html");
     // The first update that saw traffic over its whole period, then the next one.
@@ -154,7 +167,10 @@ fn updates_follow_traffic_and_health() {
         let row = &u.n[busy];
         assert!(row.p50.is_some() && row.p99.is_some(), "{row:?}");
         assert!(row.p50.unwrap().0 <= row.p99.unwrap().0);
-        assert_eq!(u.map.hot.first().map(|h| (h.0.as_str(), h.1)), Some(("/a.html", busy as u32)));
+        assert_eq!(
+            u.map.hot.first().map(|h| (h.0.as_str(), h.1)),
+            Some(("/a.html", busy as u32))
+        );
         assert!(u.n.iter().all(|n| n.up));
     }
     assert!(second.t.0 > first.t.0, "{:?} then {:?}", first.t, second.t);
@@ -198,7 +214,11 @@ fn viewers_beyond_the_limit_are_refused() {
     let mut c = Client::connect(admin);
     let r = c.get("/events");
     assert_eq!(r.status, 503);
-    assert!(r.text().contains("too many dashboard viewers: at most 2"), "{}", r.text());
+    assert!(
+        r.text().contains("too many dashboard viewers: at most 2"),
+        "{}",
+        r.text()
+    );
     assert_eq!(r.header("retry-after"), Some("10"));
     // Other pages still answer.
     let mut c = Client::connect(admin);

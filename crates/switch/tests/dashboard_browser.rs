@@ -85,7 +85,11 @@ impl Drop for Driver {
 struct BrowserLog;
 
 impl WebDriverCompatibleCommand for BrowserLog {
-    fn endpoint(&self, base: &url::Url, session: Option<&str>) -> Result<url::Url, url::ParseError> {
+    fn endpoint(
+        &self,
+        base: &url::Url,
+        session: Option<&str>,
+    ) -> Result<url::Url, url::ParseError> {
         base.join(&format!("session/{}/se/log", session.unwrap_or_default()))
     }
 
@@ -95,7 +99,12 @@ impl WebDriverCompatibleCommand for BrowserLog {
 }
 
 async fn text(b: &Browser, css: &str) -> String {
-    b.find(Locator::Css(css)).await.unwrap().text().await.unwrap()
+    b.find(Locator::Css(css))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }
 
 async fn canvas(b: &Browser, id: &str) -> String {
@@ -160,7 +169,10 @@ fn dashboard_in_a_real_browser() {
         .enumerate()
         .map(|(i, n)| (format!("{n}.html"), vec![b'x'; 2000 * (i + 1)]))
         .collect();
-    let files: Vec<(&str, Vec<u8>)> = bodies.iter().map(|(n, d)| (n.as_str(), d.clone())).collect();
+    let files: Vec<(&str, Vec<u8>)> = bodies
+        .iter()
+        .map(|(n, d)| (n.as_str(), d.clone()))
+        .collect();
     let mut nodes = cluster(3, &files);
     let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
     let health = Duration::from_millis(100);
@@ -201,29 +213,51 @@ fn dashboard_in_a_real_browser() {
                 && text(&browser, "#node-2 td.state").await == "up"
         })
         .await;
-        assert!(live.is_some(), "status: {}", text(&browser, "#status").await);
+        assert!(
+            live.is_some(),
+            "status: {}",
+            text(&browser, "#status").await
+        );
         for (i, a) in addrs.iter().enumerate() {
-            assert_eq!(text(&browser, &format!("#node-{i} td.name")).await, a.to_string());
+            assert_eq!(
+                text(&browser, &format!("#node-{i} td.name")).await,
+                a.to_string()
+            );
         }
-        (canvas(&browser, "chart-rps").await, text(&browser, "#total-rps").await)
+        (
+            canvas(&browser, "chart-rps").await,
+            text(&browser, "#total-rps").await,
+        )
     });
     assert_eq!(rps_before, "0", "no traffic yet");
 
     // Traffic: the counters and the chart move within 2 s.
     let started = Instant::now();
-    let stop = traffic(sw.addr, 3, &["/a.html", "/b.html", "/c.html", "/d.html", "/e.html", "/f.html"]);
+    let stop = traffic(
+        sw.addr,
+        3,
+        &[
+            "/a.html", "/b.html", "/c.html", "/d.html", "/e.html", "/f.html",
+        ],
+    );
     let moved = rt.block_on(within(Duration::from_secs(2), || async {
         text(&browser, "#total-rps").await != "0"
             && canvas(&browser, "chart-rps").await != chart_before
     }));
     let after = started.elapsed();
-    assert!(moved.is_some(), "nothing moved {after:?} after traffic started");
+    assert!(
+        moved.is_some(),
+        "nothing moved {after:?} after traffic started"
+    );
     assert!(after <= Duration::from_millis(2500), "{after:?}");
 
     // A node killed shows as down within the health checks' interval and the next update.
     // A few more points of traffic on the charts, for the record.
     let points = rt.block_on(within(Duration::from_secs(5), || async {
-        let n = browser.execute("return times.length;", vec![]).await.unwrap();
+        let n = browser
+            .execute("return times.length;", vec![])
+            .await
+            .unwrap();
         n.as_u64().unwrap_or(0) >= 5
     }));
     assert!(points.is_some());
@@ -232,7 +266,11 @@ fn dashboard_in_a_real_browser() {
     let down = rt.block_on(within(health + Duration::from_millis(1500), || async {
         text(&browser, "#node-2 td.state").await == "down"
     }));
-    assert!(down.is_some(), "node 2 not shown down {:?} after it died", killed.elapsed());
+    assert!(
+        down.is_some(),
+        "node 2 not shown down {:?} after it died",
+        killed.elapsed()
+    );
     rt.block_on(async {
         assert_eq!(text(&browser, "#node-0 td.state").await, "up");
         assert_eq!(text(&browser, "#nodes-up").await, "2 / 3");
@@ -265,7 +303,12 @@ fn dashboard_in_a_real_browser() {
     let errors: Vec<&Value> = entries
         .iter()
         .filter(|e| e["level"] == "SEVERE")
-        .filter(|e| !e["message"].as_str().unwrap_or("").contains("dashboard-test-probe"))
+        .filter(|e| {
+            !e["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("dashboard-test-probe")
+        })
         .collect();
     assert!(errors.is_empty(), "console errors: {errors:?}");
     rt.block_on(browser.close()).unwrap();

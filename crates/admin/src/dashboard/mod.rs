@@ -41,7 +41,17 @@ pub const HOT_LISTED: usize = 5;
 
 /// The columns of a node's row in an [`Update`], in order.
 pub const COLUMNS: [&str; 11] = [
-    "up", "rps", "mbps", "conns", "load", "p50", "p99", "moves", "fallbacks", "failures", "targets",
+    "up",
+    "rps",
+    "mbps",
+    "conns",
+    "load",
+    "p50",
+    "p99",
+    "moves",
+    "fallbacks",
+    "failures",
+    "targets",
 ];
 
 /// What the process knows of one node at one instant: cumulative counters and gauges.
@@ -562,7 +572,11 @@ mod tests {
         let first = s.step(&sample(10.0, vec![node("a", 100, 1000), node("b", 0, 0)]));
         assert!(first.meta_changed);
         assert_eq!(first.meta.nodes, vec!["a", "b"]);
-        assert_eq!(first.update.n[0].rps, Num(0.0), "no rate without a previous sample");
+        assert_eq!(
+            first.update.n[0].rps,
+            Num(0.0),
+            "no rate without a previous sample"
+        );
         let second = s.step(&sample(10.5, vec![node("a", 150, 6000), node("b", 10, 10)]));
         assert!(!second.meta_changed);
         assert_eq!(second.update.n[0].rps, Num(100.0));
