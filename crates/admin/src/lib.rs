@@ -3,11 +3,13 @@
 //! It answers a handful of small GET endpoints over HTTP/1.1 with
 //! keep-alive: `/metrics` (Prometheus text exposition from a
 //! `prometheus_client` registry), `/healthz`, and any extra routes the
-//! process registers (a status page, JSON state). It is deliberately tiny
-//! and shares the request parser of the data path, so it has the same
+//! process registers (a status page, JSON state) and streams of
+//! server-sent events (the live dashboard, [`dashboard`]). It is deliberately
+//! tiny and shares the request parser of the data path, so it has the same
 //! limits and the same answers to bad input.
 
 pub mod cluster;
+pub mod dashboard;
 pub mod encode;
 pub mod status;
 
@@ -51,6 +53,7 @@ pub struct Admin {
     // A std mutex: the registry is only locked to encode a scrape.
     registry: Arc<std::sync::Mutex<Registry>>,
     routes: HashMap<String, RouteFn>,
+    streams: HashMap<String, dashboard::feed::Feed>,
 }
 
 impl Admin {
@@ -59,12 +62,20 @@ impl Admin {
         Admin {
             registry: Arc::new(std::sync::Mutex::new(registry)),
             routes: HashMap::new(),
+            streams: HashMap::new(),
         }
     }
 
     /// Add a route answering GET `path` with whatever `f` renders.
     pub fn route(mut self, path: &str, f: RouteFn) -> Self {
         self.routes.insert(path.to_owned(), f);
+        self
+    }
+
+    /// Serve GET `path` as a stream of server-sent events from `feed` (one connection per
+    /// viewer, held until the viewer leaves or the listener stops).
+    pub fn events(mut self, path: &str, feed: dashboard::feed::Feed) -> Self {
+        self.streams.insert(path.to_owned(), feed);
         self
     }
 
@@ -92,8 +103,9 @@ impl Admin {
                 r = listener.accept() => match r {
                     Ok((stream, _)) => {
                         let admin = admin.clone();
+                        let stop = shutdown.clone();
                         tokio::spawn(async move {
-                            if let Err(e) = admin.connection(stream).await {
+                            if let Err(e) = admin.connection(stream, stop).await {
                                 tracing::debug!(error = %e, "admin connection ended");
                             }
                         });
@@ -110,7 +122,11 @@ impl Admin {
         }
     }
 
-    async fn connection(&self, mut stream: TcpStream) -> std::io::Result<()> {
+    async fn connection(
+        &self,
+        mut stream: TcpStream,
+        shutdown: watch::Receiver<bool>,
+    ) -> std::io::Result<()> {
         let limits = Limits::default();
         let mut buf = Vec::with_capacity(1024);
         let mut out = Vec::new();
@@ -151,6 +167,13 @@ impl Admin {
                 return Ok(());
             }
             let path = head.target.split('?').next().unwrap_or("/");
+            if let (Method::Get | Method::Head, Some(feed)) = (head.method, self.streams.get(path))
+            {
+                // The connection becomes the viewer's stream.
+                return feed
+                    .serve(stream, head.method == Method::Head, shutdown)
+                    .await;
+            }
             let (status, page) = match (head.method, path) {
                 (Method::Get | Method::Head, "/metrics") => (
                     200,

@@ -23,7 +23,8 @@ pub struct DemoArgs {
     /// Address of the site.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
-    /// Address of the metrics endpoint.
+    /// Address of the switch's admin listener: the live dashboard (`/`), `/metrics`,
+    /// `/status.json`.
     #[arg(long, default_value = "127.0.0.1:9080")]
     pub admin: SocketAddr,
     /// Where to generate the site (default: a temporary directory removed on exit).
@@ -309,6 +310,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             tracing::warn!("some nodes' control sockets are not up: their connections are relayed");
         }
         let mut out = std::io::stdout().lock();
+        writeln!(out, "switchyard demo: live dashboard at http://{admin}/")?;
         writeln!(
             out,
             "switchyard demo: a switch ({policy}, {}) and {} node processes serving {}",
@@ -325,6 +327,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             writeln!(out, "           http://{}/metrics   (node {} at {})", n.admin, i + 1, n.addr)?;
         }
         writeln!(out, "  try:     curl -i http://{}/pages/p1.html", switch.addr())?;
+        writeln!(out, "  status:  switchyard status --admin {admin} --watch")?;
         writeln!(out, "Press Ctrl-C to stop.")?;
         out.flush()?;
         drop(out);

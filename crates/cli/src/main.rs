@@ -2,7 +2,8 @@
 //!
 //! `switchyard node` runs a back-end web server, `switchyard switch` the
 //! layer-7 switch in front of nodes, `switchyard demo` starts a
-//! local cluster on a generated site with no setup, `switchyard trace`
+//! local cluster on a generated site with no setup, `switchyard status`
+//! shows a running switch's nodes in the terminal, `switchyard trace`
 //! reads, summarizes and synthesizes access-log workloads, `switchyard load`
 //! drives a server with them. Configuration comes
 //! from one TOML file (`--config`, see `switchyard.example.toml`), and
@@ -12,6 +13,7 @@ mod config;
 mod demo;
 mod node_cmd;
 mod runtime;
+mod status_cmd;
 mod switch_cmd;
 
 use std::path::PathBuf;
@@ -44,6 +46,8 @@ enum Command {
     Switch(switchyard_switch::SwitchArgs),
     /// Start a local cluster on a generated sample site (no setup, no privileges).
     Demo(demo::DemoArgs),
+    /// A running switch's state per node, from its admin listener (like `haproxy show stat`).
+    Status(status_cmd::StatusArgs),
     /// Access-log traces: statistics, HTTP/1.1 sessions, synthetic workloads.
     #[command(subcommand)]
     Trace(switchyard_trace::cli::TraceCommand),
@@ -79,6 +83,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Node(args) => node_cmd::run(args, &file),
         Command::Switch(args) => switch_cmd::run(args, &file, cli.config.as_deref()),
         Command::Demo(args) => demo::run(args),
+        Command::Status(args) => status_cmd::run(args, file.switch.as_ref().and_then(|s| s.admin)),
         Command::Trace(cmd) => {
             let mut out = std::io::stdout().lock();
             switchyard_trace::cli::run(&cmd, &mut out)?;

@@ -253,8 +253,13 @@ fn run_demo(mut cmd: Command) {
     let mut metrics = None;
     let mut dir = None;
     let mut node_metrics = Vec::new();
-    for line in lines.by_ref() {
+    let mut dashboard = None;
+    for (i, line) in lines.by_ref().enumerate() {
         let line = line.unwrap();
+        if let Some(u) = line.strip_prefix("switchyard demo: live dashboard at ") {
+            assert_eq!(i, 0, "the dashboard comes first");
+            dashboard = Some(u.trim().to_owned());
+        }
         if let Some(u) = line.trim().strip_prefix("site:") {
             site = Some(u.trim().to_owned());
         }
@@ -270,6 +275,7 @@ fn run_demo(mut cmd: Command) {
             break;
         }
     }
+    let dashboard = dashboard.expect("demo printed the dashboard URL");
     let site = site.expect("demo printed the site URL");
     let metrics = metrics.expect("demo printed the metrics URL");
     let dir = dir.expect("demo printed its directory");
@@ -328,11 +334,115 @@ fn run_demo(mut cmd: Command) {
     }
     assert!(served >= 3, "nodes served {served}");
 
+    let (st, page) = get(&dashboard);
+    assert_eq!(st, 200);
+    assert!(String::from_utf8_lossy(&page).contains("<title>switchyard dashboard</title>"));
+    let admin = dashboard
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    status_reads_the_running_switch(&admin, &metrics);
+
     let status = term(&mut run.0);
     assert!(status.success(), "{status:?}");
     assert!(
         !std::path::Path::new(&dir).exists(),
         "temporary site left behind"
+    );
+}
+
+/// `switchyard status` against the demo's running switch (at `admin`; its metrics at
+/// `metrics`): the table, `--json`, and `--watch` redrawing in place.
+fn status_reads_the_running_switch(admin: &str, metrics: &str) {
+    let out = bin().args(["status", "--admin", admin]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].starts_with(&format!("switch {admin}: policy lard, handoff")),
+        "{text}"
+    );
+    assert!(lines[0].contains("4/4 nodes up"), "{text}");
+    assert!(
+        lines[1].starts_with("node") && lines[1].contains("p99ms"),
+        "{text}"
+    );
+    let nodes: Vec<&&str> = lines.iter().filter(|l| l.contains(" UP ")).collect();
+    assert_eq!(nodes.len(), 4, "{text}");
+    // The requests column sums what the switch counted (three so far, as /metrics says).
+    let (_, m) = get(metrics);
+    assert!(String::from_utf8_lossy(&m).contains("switchyard_switch_node_requests_total"));
+    let total = lines
+        .iter()
+        .find(|l| l.starts_with("total"))
+        .expect("a total line");
+    let cols: Vec<&str> = lines[1].split_whitespace().collect();
+    let at = cols.iter().position(|c| *c == "requests").unwrap();
+    // "total" has no state, load or latency cells: count from the right.
+    let from_right = cols.len() - at;
+    let t: Vec<&str> = total.split_whitespace().collect();
+    assert_eq!(t[t.len() - from_right], "3", "{text}");
+
+    let out = bin()
+        .args(["status", "--admin", admin, "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["status"]["nodes"].as_array().unwrap().len(), 4);
+    assert_eq!(
+        j["dashboard"]["meta"]["nodes"].as_array().unwrap().len(),
+        4,
+        "{j}"
+    );
+    assert_eq!(j["dashboard"]["meta"]["kind"], "switch");
+
+    let mut watch = Running(
+        bin()
+            .args(["status", "--admin", admin, "--watch", "--interval", "0.2"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = watch.0.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = out.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                return;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let clear = b"\x1b[H\x1b[2J";
+    let frames = |s: &[u8]| s.windows(clear.len()).filter(|w| w == clear).count();
+    while frames(&seen) < 3 {
+        let chunk = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("--watch redraws");
+        seen.extend(chunk);
+    }
+    let text = String::from_utf8_lossy(&seen);
+    let last_full = text.split("\x1b[H\x1b[2J").nth(2).unwrap();
+    assert!(last_full.contains("4/4 nodes up"), "{text}");
+    assert!(last_full.contains("Ctrl-C to stop"), "{text}");
+    drop(watch);
+
+    // A switch that is not there: a clear error.
+    let out = bin()
+        .args(["status", "--admin", "127.0.0.1:1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot reach the admin listener at 127.0.0.1:1"),
+        "{err}"
     );
 }
 

@@ -147,11 +147,7 @@ fn a_hot_target_is_copied_to_the_peer_that_asks_and_served_there() {
         .collect();
     assert_eq!(names, vec![("n0", true, true), ("n1", false, true)]);
     // n0 gave n1 every request for the target (the probe's search included).
-    assert!(
-        s0.members[1].routed >= 1 + 3 + 10 + 1,
-        "{:?}",
-        s0.members[1]
-    );
+    assert!(s0.members[1].routed > 1 + 3 + 10, "{:?}", s0.members[1]);
     assert_eq!(s0.members[1].clones, s0.members[1].hand_backs);
     let r0 = s0.replication.expect("replication on");
     assert_eq!((r0.replicas, r0.replica_hits), (1, 11));

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use switchyard_admin::dashboard::LatencyHistogram;
 use switchyard_policy::LoadReport;
 use switchyard_upstream::{Connection, Pool};
 
@@ -39,6 +40,14 @@ pub(crate) struct Backend {
     pub active: AtomicU64,
     pub failures: AtomicU64,
     pub connects: AtomicU64,
+    /// Connections handed off to the node (its `Accepted` answers).
+    pub handoffs: AtomicU64,
+    /// Handoffs to the node that fell back (relayed or abandoned).
+    pub fallbacks: AtomicU64,
+    /// Response times of the requests it served, as the switch sees them: relayed, from the
+    /// parsed head to the last byte relayed; handed off, from the dispatch to the node's
+    /// `Served`.
+    pub latency: LatencyHistogram,
     pub last_report: Mutex<Option<LoadReport>>,
     /// The node's handoff control connections (one per worker thread), when it has a control
     /// address.
@@ -67,6 +76,9 @@ impl Backend {
             active: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             connects: AtomicU64::new(0),
+            handoffs: AtomicU64::new(0),
+            fallbacks: AtomicU64::new(0),
+            latency: LatencyHistogram::default(),
             last_report: Mutex::new(None),
             control: control.map(|c| std::sync::Arc::new(Control::new(c, workers))),
         }

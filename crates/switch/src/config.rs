@@ -262,6 +262,9 @@ pub struct SwitchConfig {
     /// How long a steering entry stays after the node reports the connection closed, so the
     /// last packets of the FIN exchange still reach the node.
     pub handoff_linger_ms: u64,
+    /// Live dashboard viewers (`/events` on the admin listener) served at once; more are
+    /// refused with 503. 0 = no live viewers.
+    pub dashboard_viewers: usize,
 }
 
 impl Default for SwitchConfig {
@@ -302,6 +305,7 @@ impl Default for SwitchConfig {
             steering_iface: "eth0".to_owned(),
             handoff_timeout_ms: 1_000,
             handoff_linger_ms: 1_000,
+            dashboard_viewers: 64,
         }
     }
 }

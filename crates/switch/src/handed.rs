@@ -83,6 +83,8 @@ pub(crate) struct Dispatched {
     /// Whether the policy counted it (a request served locally because the policy refused to
     /// choose is not).
     pub counted: bool,
+    /// When it was dispatched (its response time ends with the node's `Served`).
+    pub at: Instant,
 }
 
 /// A connection that lives on a node.

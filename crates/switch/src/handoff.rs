@@ -139,10 +139,12 @@ pub(crate) struct Offer<'a> {
 /// nothing sent) and the caller relays; [`Offered::Abandoned`]: nobody knows whether the node
 /// serves it, so the caller closes it without writing. Fallbacks are counted by reason.
 pub(crate) async fn hand_off(shared: &Arc<Shared>, offer: Offer<'_>) -> Offered {
-    let (peer, node) = (offer.peer, offer.gen.nodes[offer.idx].addr);
+    let backend = offer.gen.nodes[offer.idx].clone();
+    let (peer, node) = (offer.peer, backend.addr);
     match try_hand_off(shared, offer).await {
         Ok(()) => Offered::Moved,
         Err(why) => {
+            backend.fallbacks.fetch_add(1, Relaxed);
             if why != Fallback::Abandoned {
                 // (An abandoned handoff was counted where it was given up.)
                 shared.handoffs.count_fallback(why);
@@ -233,6 +235,7 @@ async fn try_hand_off(shared: &Arc<Shared>, offer: Offer<'_>) -> Result<(), Fall
     outstanding.push_back(Dispatched {
         node: idx,
         counted: policy_node.is_some(),
+        at: Instant::now(),
     });
     h.conns.lock().insert(
         id,
@@ -566,6 +569,9 @@ fn on_message(
                     } else {
                         h.metrics.handoffs_fd.inc();
                     }
+                    if let Some(b) = c.gen.nodes.get(node) {
+                        b.handoffs.fetch_add(1, Relaxed);
+                    }
                     if let Some(started) = first {
                         h.metrics.observe_latency(started.elapsed());
                         h.metrics.handed_active.inc();
@@ -596,6 +602,7 @@ fn on_message(
             });
             if let Some((d, gen, conn)) = done {
                 let node = &gen.nodes[d.node];
+                node.latency.observe(d.at.elapsed());
                 node.active.fetch_sub(1, Relaxed);
                 node.requests.fetch_add(1, Relaxed);
                 node.bytes.fetch_add(bytes, Relaxed);
@@ -708,8 +715,13 @@ fn route(shared: &Shared, id: u64, method: &str, host: Option<&str>, target: &st
         }
         RouteAction::Serve => {}
     }
-    c.outstanding.push_back(Dispatched { node, counted });
+    c.outstanding.push_back(Dispatched {
+        node,
+        counted,
+        at: Instant::now(),
+    });
     gen.nodes[node].active.fetch_add(1, Relaxed);
+    shared.dispatched(target, node);
     action
 }
 
@@ -766,7 +778,9 @@ async fn pass_on(
             c.outstanding.push_back(Dispatched {
                 node: n,
                 counted: true,
+                at: Instant::now(),
             });
+            shared.dispatched(&head.target, n);
             gen.nodes[n].active.fetch_add(1, Relaxed);
         }
         Some(n)
@@ -828,6 +842,9 @@ async fn pass_on(
     }
     // Nobody took it: the switch serves the connection itself from here on.
     h.count_fallback(Fallback::HandBack);
+    if let Some(b) = to.and_then(|i| gen.nodes.get(i)) {
+        b.fallbacks.fetch_add(1, Relaxed);
+    }
     let c = h.conns.lock().remove(&id)?;
     if let Some(f) = &c.flow {
         h.unsteer(f, id);

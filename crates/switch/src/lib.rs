@@ -70,7 +70,10 @@
 //! keep their pools and counters. [`RunningSwitch::shutdown`] stops accepting, closes idle client
 //! connections, lets busy ones finish their response with `Connection: close` and waits up to a
 //! grace period. Metrics (Prometheus, `/metrics` on the admin listener) are listed in
-//! [`metrics`]; `/status.json` shows the nodes and the policy.
+//! [`metrics`]; `/status.json` shows the nodes and the policy. The admin listener's `/` is the
+//! live dashboard, fed once a second over server-sent events (`/events`, `/dashboard.json`) by
+//! one sampling task (`dashboard`): per-node rates, response times (`Backend::latency`),
+//! handoffs, fallbacks, health, the target map and the hottest targets.
 //!
 //! # Modules
 //!
@@ -87,7 +90,8 @@
 //! 8. `health`, `report`: active health checks, load reports;
 //! 9. `handoff`: offering a connection to a node, and each worker's control connections;
 //! 10. `relay`: the client connection loop (hands connections off through `handoff`);
-//! 11. [`metrics`]: the Prometheus registry and `/status.json` over the state;
+//! 11. [`metrics`]: the Prometheus registry and `/status.json` over the state; `dashboard`: the
+//!     live dashboard's samples of the state;
 //! 12. this file: wiring — start, reload, shutdown, the worker threads' accept loops, and the
 //!     relay loop given to `handoff` for connections given back that no node takes.
 
@@ -97,6 +101,7 @@ pub mod metrics;
 mod backend;
 mod control;
 mod counters;
+mod dashboard;
 mod error;
 mod generation;
 mod handed;
@@ -207,7 +212,7 @@ impl RunningSwitch {
     /// Install a new configuration without closing a client connection. Nodes, policy, limits,
     /// timeouts, health checks, retries and `max_connections` take effect for requests that start
     /// from now on; requests in flight finish on the old state. `listen`, `admin`,
-    /// `report_listen` and `workers` cannot change (an error says which). On an error nothing
+    /// `dashboard_viewers`, `report_listen` and `workers` cannot change (an error says which). On an error nothing
     /// changes.
     pub async fn reload(&self, new: SwitchConfig) -> Result<(), SwitchError> {
         let _serial = self.reload_lock.lock().await;
@@ -218,6 +223,9 @@ impl RunningSwitch {
         }
         if new.admin != old.cfg.admin {
             return Err(SwitchError::NotReloadable("admin"));
+        }
+        if new.dashboard_viewers != old.cfg.dashboard_viewers {
+            return Err(SwitchError::NotReloadable("dashboard_viewers"));
         }
         if new.report_listen != old.cfg.report_listen {
             return Err(SwitchError::NotReloadable("report_listen"));
@@ -432,6 +440,9 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
         accepts: AcceptStats::default(),
         waiting: switchyard_runtime::shed::WaitingClients::new(),
         nofile,
+        hot: Mutex::new(switchyard_admin::dashboard::HotTargets::new(
+            dashboard::HOT_CAPACITY,
+        )),
     });
     let (gen, fresh) = build_generation(&shared, &cfg, None)?;
     shared.install(Arc::new(gen));
@@ -466,13 +477,33 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
                 .local_addr()
                 .map_err(|source| SwitchError::Bind { addr: a, source })?;
             let s = shared.clone();
-            let admin = Admin::new(registry).route(
-                "/status.json",
-                Arc::new(move || Page {
-                    content_type: "application/json",
-                    body: metrics::status_json(&s).into_bytes(),
-                }),
+            let (publisher, feed) = switchyard_admin::dashboard::feed::channel(
+                cfg.dashboard_viewers,
+                dashboard::HISTORY,
             );
+            let latest = feed.clone();
+            let admin = Admin::new(registry)
+                .route(
+                    "/status.json",
+                    Arc::new(move || Page {
+                        content_type: "application/json",
+                        body: metrics::status_json(&s).into_bytes(),
+                    }),
+                )
+                .route("/", Arc::new(switchyard_admin::dashboard::page))
+                .route(
+                    "/dashboard.json",
+                    Arc::new(move || Page {
+                        content_type: "application/json",
+                        body: latest.latest_json().into_bytes(),
+                    }),
+                )
+                .events("/events", feed);
+            tasks.push(tokio::spawn(dashboard::run(
+                shared.clone(),
+                publisher,
+                stop_rx.clone(),
+            )));
             tasks.push(tokio::spawn(admin.serve(admin_listener, stop_rx.clone())));
             Some(bound)
         }

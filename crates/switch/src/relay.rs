@@ -276,6 +276,7 @@ impl Client {
                     return self.local_error(&gen, 503, keep, &head).await;
                 }
             };
+            self.shared.dispatched(&head.target, choice.idx);
             // The raw bytes read so far travel with the connection: copied only for a node that
             // takes connections, then the head is consumed here as for any request.
             let pre = (std::mem::take(&mut preread) && gen.nodes[choice.idx].control.is_some())
@@ -339,10 +340,12 @@ impl Client {
                     backend.requests.fetch_add(1, Relaxed);
                     backend.bytes.fetch_add(x.bytes, Relaxed);
                     self.shared.metrics.count_status(x.status);
+                    let took = started.elapsed();
+                    backend.latency.observe(took);
                     self.shared
                         .metrics
                         .relay_seconds
-                        .observe(started.elapsed().as_secs_f64());
+                        .observe(took.as_secs_f64());
                     return if x.keep { None } else { Some(End::Quiet) };
                 }
                 Err(Fail::Node { status, retry }) => {

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use switchyard_runtime::accept::AcceptStats;
 
 use parking_lot::{Mutex, RwLock};
+use switchyard_admin::dashboard::HotTargets;
 use switchyard_policy::NodeId;
 use tokio::sync::{watch, Notify, Semaphore};
 use tokio::task::JoinHandle;
@@ -53,6 +54,8 @@ pub(crate) struct Shared {
     pub waiting: Arc<switchyard_runtime::shed::WaitingClients>,
     /// The descriptor limit in force (soft), read at start.
     pub nofile: u64,
+    /// The most requested targets since the dashboard's last sample, with their nodes.
+    pub hot: Mutex<HotTargets>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -125,6 +128,12 @@ impl Shared {
                 },
             );
         }
+    }
+
+    /// A request for `target` was dispatched to node `node` (an index of the generation in
+    /// force): counted for the dashboard's hot targets.
+    pub fn dispatched(&self, target: &str, node: usize) {
+        self.hot.lock().record(target, node as u32);
     }
 
     /// A request on `b` succeeded.

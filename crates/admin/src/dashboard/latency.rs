@@ -1,0 +1,193 @@
+//! Response times as a fixed set of counting buckets: recording one is a relaxed add on an
+//! atomic, and the p50/p99 of any period are computed from the difference of two snapshots
+//! (pure, no clock).
+//!
+//! The buckets grow by 1.5× from 50 µs; the last one is open-ended (about 246 s and more).
+//! `prometheus_client`'s histogram is not used here because it cannot be snapshotted without a
+//! scrape encoder and holds a lock per observation.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// Number of buckets.
+pub const BUCKETS: usize = 40;
+/// Upper bound of the first bucket, in seconds.
+const FIRST: f64 = 50e-6;
+/// Growth from one bucket bound to the next.
+const GROWTH: f64 = 1.5;
+
+/// Cumulative counts per bucket.
+pub type LatencyCounts = [u64; BUCKETS];
+
+/// Upper bound of bucket `i` in seconds (infinite for the last one).
+pub fn upper_bound(i: usize) -> f64 {
+    if i + 1 >= BUCKETS {
+        f64::INFINITY
+    } else {
+        FIRST * GROWTH.powi(i as i32)
+    }
+}
+
+/// The bucket a duration falls in.
+pub fn bucket_of(d: Duration) -> usize {
+    let s = d.as_secs_f64();
+    if s <= FIRST {
+        return 0;
+    }
+    let i = ((s / FIRST).ln() / GROWTH.ln()).ceil() as usize;
+    // Rounding in ln may put a value equal to a bound one bucket up: look one back.
+    let i = if i > 0 && s <= upper_bound(i - 1) {
+        i - 1
+    } else {
+        i
+    };
+    i.min(BUCKETS - 1)
+}
+
+/// A histogram of response times, shared by the tasks that observe.
+#[derive(Debug)]
+pub struct LatencyHistogram {
+    buckets: [AtomicU64; BUCKETS],
+}
+
+impl Default for LatencyHistogram {
+    fn default() -> Self {
+        LatencyHistogram {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl LatencyHistogram {
+    /// Count one response time.
+    pub fn observe(&self, d: Duration) {
+        self.buckets[bucket_of(d)].fetch_add(1, Relaxed);
+    }
+
+    /// The counts so far.
+    pub fn snapshot(&self) -> LatencyCounts {
+        std::array::from_fn(|i| self.buckets[i].load(Relaxed))
+    }
+}
+
+/// `now - before` per bucket; `None` if any bucket went down (the histogram was replaced).
+pub fn delta(now: &LatencyCounts, before: &LatencyCounts) -> Option<LatencyCounts> {
+    let mut out = [0u64; BUCKETS];
+    for i in 0..BUCKETS {
+        out[i] = now[i].checked_sub(before[i])?;
+    }
+    Some(out)
+}
+
+/// The `q` quantile (0 < q ≤ 1) of the observations counted in `c`, interpolated linearly
+/// inside its bucket as Prometheus' `histogram_quantile` does; `None` without observations.
+/// A quantile in the open last bucket is given as that bucket's lower bound.
+pub fn quantile(c: &LatencyCounts, q: f64) -> Option<Duration> {
+    let total: u64 = c.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    let rank = q.clamp(0.0, 1.0) * total as f64;
+    let mut below = 0u64;
+    for (i, &n) in c.iter().enumerate() {
+        if n > 0 && (below + n) as f64 >= rank {
+            let lower = if i == 0 { 0.0 } else { upper_bound(i - 1) };
+            let upper = upper_bound(i);
+            if upper.is_infinite() {
+                return Some(Duration::from_secs_f64(lower));
+            }
+            let within = ((rank - below as f64) / n as f64).clamp(0.0, 1.0);
+            return Some(Duration::from_secs_f64(lower + (upper - lower) * within));
+        }
+        below += n;
+    }
+    // Only reached through rounding of `rank`: the highest observation's bucket.
+    let last = c.iter().rposition(|&n| n > 0)?;
+    Some(Duration::from_secs_f64(upper_bound(last).min(1e6)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn ms(v: f64) -> Duration {
+        Duration::from_secs_f64(v / 1000.0)
+    }
+
+    #[test]
+    fn buckets_cover_microseconds_to_minutes() {
+        assert_eq!(bucket_of(Duration::ZERO), 0);
+        assert_eq!(bucket_of(Duration::from_micros(50)), 0);
+        assert_eq!(bucket_of(Duration::from_micros(51)), 1);
+        assert_eq!(bucket_of(Duration::from_micros(75)), 1);
+        assert_eq!(bucket_of(Duration::from_secs(3600)), BUCKETS - 1);
+        assert!(upper_bound(BUCKETS - 2) > 200.0);
+    }
+
+    #[test]
+    fn quantiles_of_a_known_spread() {
+        let h = LatencyHistogram::default();
+        let before = h.snapshot();
+        for _ in 0..98 {
+            h.observe(ms(1.0));
+        }
+        h.observe(ms(100.0));
+        h.observe(ms(100.0));
+        let d = delta(&h.snapshot(), &before).unwrap();
+        let p50 = quantile(&d, 0.5).unwrap();
+        let p99 = quantile(&d, 0.99).unwrap();
+        // Within the 1.5× bucket of the true values.
+        assert!(p50 > ms(1.0 / 1.5) && p50 <= ms(1.0 * 1.5), "{p50:?}");
+        assert!(p99 > ms(100.0 / 1.5) && p99 <= ms(100.0 * 1.5), "{p99:?}");
+        assert_eq!(quantile(&[0; BUCKETS], 0.5), None);
+        let mut far = [0; BUCKETS];
+        far[BUCKETS - 1] = 3;
+        assert_eq!(
+            quantile(&far, 0.99),
+            Some(Duration::from_secs_f64(upper_bound(BUCKETS - 2)))
+        );
+    }
+
+    #[test]
+    fn a_replaced_histogram_has_no_delta() {
+        let mut a = [0; BUCKETS];
+        let mut b = [0; BUCKETS];
+        a[3] = 5;
+        b[3] = 2;
+        assert!(delta(&b, &a).is_none());
+        assert_eq!(delta(&a, &b).unwrap()[3], 3);
+    }
+
+    proptest! {
+        /// Every duration lands in the bucket whose bounds hold it, and a quantile of one
+        /// observation is within that bucket.
+        #[test]
+        fn bucket_bounds_hold_the_value(us in 0u64..400_000_000) {
+            let d = Duration::from_micros(us);
+            let i = bucket_of(d);
+            let s = d.as_secs_f64();
+            prop_assert!(s <= upper_bound(i));
+            if i > 0 {
+                prop_assert!(s > upper_bound(i - 1) * (1.0 - 1e-12));
+            }
+            let mut c = [0; BUCKETS];
+            c[i] = 1;
+            let q = quantile(&c, 0.5).unwrap().as_secs_f64();
+            prop_assert!(q <= upper_bound(i) && (i == 0 || q >= upper_bound(i - 1) * (1.0 - 1e-9)));
+        }
+
+        /// Quantiles never decrease with q.
+        #[test]
+        fn quantiles_are_monotonic(counts in proptest::collection::vec(0u64..50, BUCKETS)) {
+            let c: LatencyCounts = counts.try_into().unwrap();
+            let mut last = Duration::ZERO;
+            for q in [0.01, 0.1, 0.5, 0.9, 0.99, 1.0] {
+                if let Some(v) = quantile(&c, q) {
+                    prop_assert!(v >= last);
+                    last = v;
+                }
+            }
+        }
+    }
+}

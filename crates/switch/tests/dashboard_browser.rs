@@ -1,0 +1,316 @@
+//! The live dashboard in a real browser: headless Chromium (Debian's `chromium`) driven through
+//! `chromedriver` (Debian's `chromium-driver`, installed by `scripts/install-deps`) over
+//! WebDriver. The page loads with no console errors, its counters and charts move within 2 s
+//! of traffic starting, a killed node shows as down within the health checks' interval and the
+//! next update, and a screenshot is saved to `target/dashboard.png` (and to
+//! `docs/dashboard.png` with `SWITCHYARD_UPDATE_SCREENSHOT=1`).
+
+mod common;
+
+use common::*;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fantoccini::wd::WebDriverCompatibleCommand;
+use fantoccini::{Client as Browser, ClientBuilder, Locator};
+use serde_json::{json, Value};
+
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+const CHROMIUM: &str = "/usr/bin/chromium";
+
+/// A chromedriver process on a loopback port; killed when dropped.
+struct Driver {
+    child: Child,
+    url: String,
+}
+
+impl Driver {
+    /// Start chromedriver and wait for the line saying it listens.
+    fn start() -> Driver {
+        for (path, package) in [(CHROMEDRIVER, "chromium-driver"), (CHROMIUM, "chromium")] {
+            assert!(
+                Path::new(path).exists(),
+                "the dashboard's browser test needs {path}: install the Debian packages \
+                 chromium and chromium-driver (scripts/install-deps does, as root: \
+                 apt-get install chromium chromium-driver); {package} is missing"
+            );
+        }
+        // A free port: chromedriver takes no port 0.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut child = Command::new(CHROMEDRIVER)
+            .arg(format!("--port={port}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver starts");
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = out.read_line(&mut line).unwrap();
+            assert!(n > 0, "chromedriver exited before it was listening");
+            if line.contains("started successfully") {
+                break;
+            }
+        }
+        // Keep reading its output so that it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in out.lines() {});
+        Driver {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The browser's console log since the last call (chromedriver's `se/log`, with
+/// `goog:loggingPrefs` set).
+#[derive(Debug)]
+struct BrowserLog;
+
+impl WebDriverCompatibleCommand for BrowserLog {
+    fn endpoint(
+        &self,
+        base: &url::Url,
+        session: Option<&str>,
+    ) -> Result<url::Url, url::ParseError> {
+        base.join(&format!("session/{}/se/log", session.unwrap_or_default()))
+    }
+
+    fn method_and_body(&self, _: &url::Url) -> (http::Method, Option<String>) {
+        (http::Method::POST, Some(r#"{"type":"browser"}"#.to_owned()))
+    }
+}
+
+async fn text(b: &Browser, css: &str) -> String {
+    b.find(Locator::Css(css))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+async fn canvas(b: &Browser, id: &str) -> String {
+    let v = b
+        .execute(
+            &format!("return document.getElementById('{id}').toDataURL();"),
+            vec![],
+        )
+        .await
+        .unwrap();
+    v.as_str().unwrap().to_owned()
+}
+
+/// Check `f` until it holds or `limit` passes; the time it took, or `None`. The page changes
+/// only through its event stream, which the test cannot subscribe to from here: this polls
+/// the DOM, as a person watching would.
+async fn within<F, Fut>(limit: Duration, mut f: F) -> Option<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if f().await {
+            return Some(start.elapsed());
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Keep-alive GETs of `paths` on `clients` threads until the flag is set (30 s at most).
+fn traffic(addr: SocketAddr, clients: usize, paths: &[&'static str]) -> Arc<AtomicBool> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for k in 0..clients {
+        let (stop, paths) = (stop.clone(), paths.to_vec());
+        std::thread::spawn(move || {
+            let mut c = Client::connect(addr);
+            let end = Instant::now() + Duration::from_secs(30);
+            let mut i = k;
+            while !stop.load(Ordering::Relaxed) && Instant::now() < end {
+                i += 1;
+                if c.try_get(paths[i % paths.len()]).is_err() {
+                    c = Client::connect(addr);
+                }
+            }
+        });
+    }
+    stop
+}
+
+fn workspace_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+#[test]
+fn dashboard_in_a_real_browser() {
+    let bodies: Vec<(String, Vec<u8>)> = ["a", "b", "c", "d", "e", "f"]
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (format!("{n}.html"), vec![b'x'; 2000 * (i + 1)]))
+        .collect();
+    let files: Vec<(&str, Vec<u8>)> = bodies
+        .iter()
+        .map(|(n, d)| (n.as_str(), d.clone()))
+        .collect();
+    let mut nodes = cluster(3, &files);
+    let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
+    let health = Duration::from_millis(100);
+    let sw = TestSwitch::start(&addrs, |c| {
+        c.health_interval_ms = health.as_millis() as u64;
+        c.health_fall = 1;
+    });
+    let admin = sw.sw().admin_addr().unwrap();
+    let driver = Driver::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let browser: Browser = rt.block_on(async {
+        let caps = json!({
+            "goog:chromeOptions": {
+                "binary": CHROMIUM,
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                         "--window-size=1400,1200", "--hide-scrollbars"],
+            },
+            "goog:loggingPrefs": { "browser": "ALL" },
+        });
+        let Value::Object(caps) = caps else {
+            unreachable!()
+        };
+        ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(caps)
+            .connect(&driver.url)
+            .await
+            .expect("a WebDriver session with headless Chromium")
+    });
+
+    // The page loads and its stream goes live, with a row per node, all up.
+    let (chart_before, rps_before) = rt.block_on(async {
+        browser.goto(&format!("http://{admin}/")).await.unwrap();
+        let live = within(Duration::from_secs(5), || async {
+            text(&browser, "#status").await == "live"
+                && text(&browser, "#node-2 td.state").await == "up"
+        })
+        .await;
+        assert!(
+            live.is_some(),
+            "status: {}",
+            text(&browser, "#status").await
+        );
+        for (i, a) in addrs.iter().enumerate() {
+            assert_eq!(
+                text(&browser, &format!("#node-{i} td.name")).await,
+                a.to_string()
+            );
+        }
+        (
+            canvas(&browser, "chart-rps").await,
+            text(&browser, "#total-rps").await,
+        )
+    });
+    assert_eq!(rps_before, "0", "no traffic yet");
+
+    // Traffic: the counters and the chart move within 2 s.
+    let started = Instant::now();
+    let stop = traffic(
+        sw.addr,
+        3,
+        &[
+            "/a.html", "/b.html", "/c.html", "/d.html", "/e.html", "/f.html",
+        ],
+    );
+    let moved = rt.block_on(within(Duration::from_secs(2), || async {
+        text(&browser, "#total-rps").await != "0"
+            && canvas(&browser, "chart-rps").await != chart_before
+    }));
+    let after = started.elapsed();
+    assert!(
+        moved.is_some(),
+        "nothing moved {after:?} after traffic started"
+    );
+    assert!(after <= Duration::from_millis(2500), "{after:?}");
+
+    // A node killed shows as down within the health checks' interval and the next update.
+    // A few more points of traffic on the charts, for the record.
+    let points = rt.block_on(within(Duration::from_secs(5), || async {
+        let n = browser
+            .execute("return times.length;", vec![])
+            .await
+            .unwrap();
+        n.as_u64().unwrap_or(0) >= 5
+    }));
+    assert!(points.is_some());
+    nodes[2].kill();
+    let killed = Instant::now();
+    let down = rt.block_on(within(health + Duration::from_millis(1500), || async {
+        text(&browser, "#node-2 td.state").await == "down"
+    }));
+    assert!(
+        down.is_some(),
+        "node 2 not shown down {:?} after it died",
+        killed.elapsed()
+    );
+    rt.block_on(async {
+        assert_eq!(text(&browser, "#node-0 td.state").await, "up");
+        assert_eq!(text(&browser, "#nodes-up").await, "2 / 3");
+    });
+    stop.store(true, Ordering::Relaxed);
+
+    // The record: a screenshot, and the console clean (the probe shows the log is read).
+    let png = rt.block_on(browser.screenshot()).unwrap();
+    assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
+    let target = workspace_dir().join("target");
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::write(target.join("dashboard.png"), &png).unwrap();
+    if std::env::var_os("SWITCHYARD_UPDATE_SCREENSHOT").is_some() {
+        std::fs::write(workspace_dir().join("docs/dashboard.png"), &png).unwrap();
+    }
+    let log = rt.block_on(async {
+        browser
+            .execute("console.error('dashboard-test-probe');", vec![])
+            .await
+            .unwrap();
+        browser.issue_cmd(BrowserLog).await.unwrap()
+    });
+    let entries = log.as_array().expect("a log array");
+    assert!(
+        entries.iter().any(|e| e["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("dashboard-test-probe"))),
+        "the browser log is not being read: {log}"
+    );
+    let errors: Vec<&Value> = entries
+        .iter()
+        .filter(|e| e["level"] == "SEVERE")
+        .filter(|e| {
+            !e["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("dashboard-test-probe")
+        })
+        .collect();
+    assert!(errors.is_empty(), "console errors: {errors:?}");
+    rt.block_on(browser.close()).unwrap();
+    drop(driver);
+}
