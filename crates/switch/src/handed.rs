@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -103,6 +103,23 @@ pub(crate) struct Handed {
     pub outstanding: VecDeque<Dispatched>,
     /// Where a connection handed back goes next (decided when its request was routed).
     pub next: Option<usize>,
+    /// Requests and response bytes of this connection already counted for its node (each
+    /// `Served`); the node's totals in `Closed` and `HandBack` bring the rest, the requests it
+    /// served without asking.
+    pub counted: (u64, u64),
+}
+
+impl Handed {
+    /// The node reports `requests` and `bytes` in all on this connection: count what its
+    /// `Served` reports did not for the node that holds it.
+    pub fn count_totals(&mut self, requests: u64, bytes: u64) {
+        let (r, b) = self.counted;
+        if let Some(node) = self.gen.nodes.get(self.node) {
+            node.requests.fetch_add(requests.saturating_sub(r), Relaxed);
+            node.bytes.fetch_add(bytes.saturating_sub(b), Relaxed);
+        }
+        self.counted = (r.max(requests), b.max(bytes));
+    }
 }
 
 /// Everything the switch keeps for one-way delivery.

@@ -250,6 +250,7 @@ async fn try_hand_off(shared: &Arc<Shared>, offer: Offer<'_>) -> Result<(), Fall
             route,
             outstanding,
             next: None,
+            counted: (0, 0),
         },
     );
     let create = Message::Create {
@@ -596,9 +597,10 @@ fn on_message(
         }
         Message::Served { id, status, bytes } => {
             let done = h.conns.lock().get_mut(&id).and_then(|c| {
-                c.outstanding
-                    .pop_front()
-                    .map(|d| (d, c.gen.clone(), c.conn))
+                let d = c.outstanding.pop_front()?;
+                c.counted.0 += 1;
+                c.counted.1 += bytes;
+                Some((d, c.gen.clone(), c.conn))
             });
             if let Some((d, gen, conn)) = done {
                 let node = &gen.nodes[d.node];
@@ -627,7 +629,8 @@ fn on_message(
             h.metrics.requests.inc_by(requests);
             h.metrics.bytes.inc_by(bytes);
             let c = h.conns.lock().remove(&id);
-            if let Some(c) = c {
+            if let Some(mut c) = c {
+                c.count_totals(requests, bytes);
                 if let Some(flow) = c.flow {
                     // The FIN exchange still needs the entry for a moment.
                     let linger = Duration::from_millis(c.gen.cfg.handoff_linger_ms);
@@ -650,9 +653,13 @@ fn on_message(
             id,
             transfer,
             preread,
-            ..
+            requests,
+            bytes,
         } => {
             h.metrics.hand_backs.inc();
+            if let Some(c) = h.conns.lock().get_mut(&id) {
+                c.count_totals(requests, bytes);
+            }
             let (sh, serve) = (shared.clone(), serve.clone());
             tokio::spawn(async move {
                 if let Some((stream, peer, local, pre)) =
