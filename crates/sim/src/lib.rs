@@ -84,6 +84,7 @@
 pub mod analysis;
 pub mod cli;
 pub mod config;
+pub mod cyclone;
 pub mod engine;
 mod error;
 pub mod paper;
