@@ -228,8 +228,11 @@ pub struct CoopConfig {
     pub owner_policy: PolicyConfig,
     /// CPU costs.
     pub costs: CoopCosts,
-    /// Each node's disk.
+    /// The disk: one per node, or the cluster's one file server ([`CoopConfig::shared_disk`]).
     pub disk: DiskCosts,
+    /// Whether every node reads from one shared file server (seed 000 §5.1: the documents came
+    /// over NFS from one server) rather than a disk of its own.
+    pub shared_disk: bool,
     /// Payload rate of each node's outgoing link, megabits (10^6 bits) per second.
     pub link_mbps: f64,
     /// Bytes of a response head, sent on the link with every response and not counted as
@@ -270,6 +273,16 @@ pub fn member_id(name: &str) -> NodeId {
     NodeId(h)
 }
 
+/// The file server of the default configuration: the disk model of the switch simulator with
+/// 5 ms per read instead of 28 ms of positioning, for a server whose own memory holds part of
+/// the documents (seed 000 §5.1 gives no figure).
+pub fn nfs_disk() -> DiskCosts {
+    DiskCosts {
+        seek_us: 5_000.0,
+        ..DiskCosts::default()
+    }
+}
+
 /// Default replication settings of the simulator: the node's (`[cluster.replication]`) with a
 /// replica cache of `replica_bytes`.
 pub fn default_replication(replica_bytes: u64) -> ReplicationSettings {
@@ -292,7 +305,8 @@ impl CoopConfig {
             system,
             owner_policy: PolicyConfig::new(PolicyKind::Chash),
             costs: CoopCosts::default(),
-            disk: DiskCosts::default(),
+            disk: nfs_disk(),
+            shared_disk: true,
             link_mbps: 100.0,
             header_bytes: 0,
             cache_bytes: 100_000_000,
@@ -611,6 +625,8 @@ struct Slot {
     measured: bool,
     /// The connection's last steps (close, teardown) are under way.
     closing: bool,
+    /// Work left after a response (a copy for the entry node), carried on without the client.
+    background: bool,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -636,6 +652,8 @@ struct Coop<'a, F> {
     nodes: Vec<Node>,
     index: HashMap<NodeId, u32>,
     slots: Vec<Slot>,
+    /// Background slots free for reuse.
+    idle: Vec<u32>,
     ready: VecDeque<u32>,
     next_seq: usize,
     total_seqs: usize,
@@ -708,6 +726,7 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
             nodes,
             index,
             slots: Vec::new(),
+            idle: Vec::new(),
             ready: VecDeque::new(),
             next_seq: 0,
             total_seqs: conns * passes,
@@ -747,6 +766,7 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
                 first_byte: None,
                 measured: false,
                 closing: false,
+                background: false,
             });
             self.start_connection(s as u32);
         }
@@ -1007,6 +1027,7 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
                 }
                 Step::Disk(n) => {
                     let d = self.disk_read(size);
+                    let n = if self.cfg.shared_disk { 0 } else { n };
                     self.submit(Res::Disk, n, d, s);
                     return;
                 }
@@ -1167,7 +1188,12 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
                         r.insert(t, (), size, copies, at(age), fresh, at(now));
                     }
                 }
-                Step::Done => self.done(s),
+                Step::Done => {
+                    self.done(s);
+                    if !self.slots[s as usize].steps.is_empty() {
+                        self.detach(s);
+                    }
+                }
                 Step::Close => {
                     let slot = &self.slots[s as usize];
                     let (conn, entry) = (slot.conn, slot.entry);
@@ -1177,6 +1203,47 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
                 }
             }
         }
+    }
+
+    /// Moves the steps left after a response to a background slot, so that the client goes on.
+    fn detach(&mut self, s: u32) {
+        let b = match self.idle.pop() {
+            Some(b) => b,
+            None => {
+                self.slots.push(Slot {
+                    seq: usize::MAX,
+                    conn: ConnId(0),
+                    entry: 0,
+                    next: 0,
+                    end: 0,
+                    req: 0,
+                    target: 0,
+                    size: 0,
+                    steps: VecDeque::new(),
+                    chosen: None,
+                    source: Source::Local,
+                    server: 0,
+                    start: 0,
+                    first_byte: None,
+                    measured: false,
+                    closing: false,
+                    background: true,
+                });
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let steps = std::mem::take(&mut self.slots[s as usize].steps);
+        let (entry, target, size, measured) = {
+            let f = &self.slots[s as usize];
+            (f.entry, f.target, f.size, f.measured)
+        };
+        let bg = &mut self.slots[b as usize];
+        bg.steps = steps;
+        bg.entry = entry;
+        bg.target = target;
+        bg.size = size;
+        bg.measured = measured;
+        self.ready.push_back(b);
     }
 
     fn prepend(&mut self, s: u32, front: Vec<Step>) {
@@ -1189,6 +1256,10 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
     /// The slot's steps are all taken: the next request, the next connection, or nothing.
     fn after(&mut self, s: u32) {
         let slot = &mut self.slots[s as usize];
+        if slot.background {
+            self.idle.push(s);
+            return;
+        }
         if slot.seq == usize::MAX {
             return;
         }
