@@ -48,7 +48,9 @@
 //! the workload's connections in order; the `k`-th connection reaches node `k mod N` (LVS round
 //! robin). The requests of a connection go one at a time. The workload is replayed
 //! [`CoopConfig::warmup_passes`] times before the pass that is measured, so that the caches are
-//! warm as they were after the paper's 3.9 million requests.
+//! warm as they were after the paper's 3.9 million requests. The measurement window runs from
+//! the start of the measured pass's first connection to the start of its last one, so that the
+//! whole population of clients is at work all along; every request finished in it counts.
 //!
 //! Not modelled: the per-packet cost of forwarding a clone's client acknowledgements (seed 000
 //! §4.2 measured it as small), response headers beyond [`CoopConfig::header_bytes`], TCP's
@@ -402,7 +404,7 @@ pub struct CoopCompletion {
     pub time: Nanos,
 }
 
-/// Figures of one node over the measured pass.
+/// Figures of one node over the measurement window.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CoopNode {
     /// Node index (member `n{node+1}`).
@@ -456,9 +458,9 @@ pub struct CoopResult {
     pub replica_bytes: u64,
     /// Link rate per node, Mbit/s.
     pub link_mbps: f64,
-    /// Requests in the measured pass.
+    /// Requests finished in the measurement window.
     pub measured_requests: u64,
-    /// Simulated seconds of the measured pass.
+    /// Simulated seconds of the measurement window.
     pub sim_secs: f64,
     /// Requests per second.
     pub throughput: f64,
@@ -478,7 +480,7 @@ pub struct CoopResult {
     pub clones_per_request: f64,
     /// Cache-forwarding fetches per request.
     pub fetches_per_request: f64,
-    /// Copies of hot objects sent to peers during the measured pass.
+    /// Copies of hot objects sent to peers during the measurement window.
     pub copies_shipped: u64,
     /// Bytes sent between nodes over bytes sent to clients.
     pub peer_traffic_share: f64,
@@ -570,8 +572,9 @@ struct Node {
     hot: Option<HotTargets<u32, u32>>,
     replicas: Option<Replicas<u32, ()>>,
     c: Counters,
-    /// Busy times at the start of the measured pass.
+    /// Busy times (CPU, disk, link) when the measurement window opens and closes.
     mark: (Nanos, Nanos, Nanos),
+    mark_end: Option<(Nanos, Nanos, Nanos)>,
 }
 
 /// A step of a request's path, taken in order.
@@ -582,7 +585,11 @@ enum Step {
     /// A disk read of the request's object on a node.
     Disk(u32),
     /// Bytes leaving a node: a response (to the client) or an object (to a peer).
-    Link { node: u32, bytes: u64, response: bool },
+    Link {
+        node: u32,
+        bytes: u64,
+        response: bool,
+    },
     /// The request's object enters a node's object cache.
     Insert(u32),
     /// `node` serves the object from its cache or disk for the client, as owner (counted by
@@ -659,8 +666,13 @@ struct Coop<'a, F> {
     total_seqs: usize,
     measure_from_seq: usize,
     measure_start: Option<Nanos>,
+    /// When the last connection started: every client is busy until then.
+    measure_end: Option<Nanos>,
     reassign_mark: u64,
+    /// Requests finished inside the measurement window (of any pass).
     t: Totals,
+    /// Requests of the measured pass, wherever they finished.
+    tm: Totals,
     observe: F,
     per_512: Nanos,
     recv_512: Nanos,
@@ -715,6 +727,7 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
                 replicas,
                 c: Counters::default(),
                 mark: (0, 0, 0),
+                mark_end: None,
             });
         }
         let conns = w.connections();
@@ -732,8 +745,10 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
             total_seqs: conns * passes,
             measure_from_seq: conns * (passes - 1),
             measure_start: None,
+            measure_end: None,
             reassign_mark: 0,
             t: Totals::default(),
+            tm: Totals::default(),
             observe,
             per_512: us_to_ns(cfg.costs.transmit_per_512_us),
             recv_512: us_to_ns(cfg.costs.receive_per_512_us),
@@ -782,9 +797,9 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
             return Err(e);
         }
         let want = self.w.requests() as u64;
-        if self.t.requests < want {
+        if self.tm.requests < want {
             return Err(SimError::Stalled {
-                completed: self.t.requests,
+                completed: self.tm.requests,
                 requests: want,
             });
         }
@@ -855,6 +870,14 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
             self.measure_start = Some(self.now());
             self.mark();
         }
+        let counting = self.counting();
+        if self.next_seq == self.total_seqs && self.measure_start != Some(self.now()) {
+            self.measure_end = Some(self.now());
+            let now = self.now();
+            for n in &mut self.nodes {
+                n.mark_end = Some((n.cpu.busy_at(now), n.disk.busy_at(now), n.link.busy_at(now)));
+            }
+        }
         let connect = us_to_ns(self.cfg.costs.connect_us);
         let slot = &mut self.slots[s as usize];
         slot.seq = seq;
@@ -867,7 +890,7 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
         let now = at(self.q.now());
         let node = &mut self.nodes[entry as usize];
         node.owners.connection_start(ConnId(seq as u64), now);
-        if measured {
+        if counting {
             node.c.connections += 1;
         }
         self.next_request(s);
@@ -919,7 +942,13 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
         };
         let now = at(self.now());
         if sys == System::Rr {
-            self.push(s, Step::Serve { node: e, owner: false });
+            self.push(
+                s,
+                Step::Serve {
+                    node: e,
+                    owner: false,
+                },
+            );
             return;
         }
         if matches!(sys, System::CfLru | System::CfLfu)
@@ -958,12 +987,21 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
             let half = us_to_ns(self.cfg.costs.clone_us) / 2;
             self.push(s, Step::Cpu(e, half));
             self.push(s, Step::Cpu(o, us_to_ns(self.cfg.costs.clone_us) - half));
-            self.push(s, Step::Serve { node: o, owner: true });
+            self.push(
+                s,
+                Step::Serve {
+                    node: o,
+                    owner: true,
+                },
+            );
             if sys.replicates() {
                 self.push(s, Step::Ship { owner: o });
             }
-            if self.slots[s as usize].measured {
+            if self.counting() {
                 self.t.clones += 1;
+            }
+            if self.slots[s as usize].measured {
+                self.tm.clones += 1;
             }
         }
     }
@@ -1036,11 +1074,12 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
                     bytes,
                     response,
                 } => {
+                    let counting = self.counting();
                     let slot = &mut self.slots[s as usize];
                     if response {
                         slot.first_byte = Some(now);
                     }
-                    if slot.measured {
+                    if counting {
                         let c = &mut self.nodes[node as usize].c;
                         c.bytes_out += bytes;
                         if response {
@@ -1104,8 +1143,11 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
                         },
                         e,
                     );
-                    if self.slots[s as usize].measured {
+                    if self.counting() {
                         self.t.fetches += 1;
+                    }
+                    if self.slots[s as usize].measured {
+                        self.tm.fetches += 1;
                     }
                     let c = self.cfg.costs;
                     let mut front = vec![Step::Cpu(e, us_to_ns(c.fetch_request_us) / 2)];
@@ -1154,14 +1196,11 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
                         continue;
                     }
                     let age = now.saturating_sub(node.validated.get(&t).copied().unwrap_or(now));
-                    let Some(copies) = node
-                        .hot
-                        .as_mut()
-                        .and_then(|h| h.ship(&t, size, e, at(now)))
+                    let Some(copies) = node.hot.as_mut().and_then(|h| h.ship(&t, size, e, at(now)))
                     else {
                         continue;
                     };
-                    if self.slots[s as usize].measured {
+                    if self.counting() {
                         self.nodes[o as usize].c.shipped += 1;
                     }
                     if self.cfg.system.clones() {
@@ -1308,8 +1347,11 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
             source,
             time: now,
         });
-        let t = &mut self.t;
-        if measured {
+        let counting = self.counting();
+        for (t, on) in [(&mut self.t, counting), (&mut self.tm, measured)] {
+            if !on {
+                continue;
+            }
             t.requests += 1;
             t.body_bytes += size;
             match source {
@@ -1323,6 +1365,12 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
             t.response_ns += u128::from(now - start);
             t.last_done = now;
         }
+    }
+
+    /// Whether the measurement window is open: from the start of the measured pass's first
+    /// connection to the start of its last one (so that the whole population is at work).
+    fn counting(&self) -> bool {
+        self.measure_start.is_some() && self.measure_end.is_none()
     }
 
     /// Busy times when the measured pass starts.
@@ -1340,18 +1388,30 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
 
     fn result(&self) -> CoopResult {
         let cfg = self.cfg;
-        let t = &self.t;
         let start = self.measure_start.unwrap_or(0);
-        let span = t.last_done.saturating_sub(start).max(1);
+        let now = self.now();
+        // The window, or (too few connections for one) the measured pass to its last response.
+        let (t, end, window) = match self.measure_end {
+            Some(end) if self.t.requests > 0 && end > start => (&self.t, end, true),
+            _ => (&self.tm, self.tm.last_done, false),
+        };
+        let span = end.saturating_sub(start).max(1);
         let secs = span as f64 / 1e9;
         let n = t.requests.max(1) as f64;
-        let now = self.now();
         let per_node: Vec<CoopNode> = self
             .nodes
             .iter()
             .enumerate()
             .map(|(i, node)| {
                 let util = |busy: Nanos, mark: Nanos| (busy - mark) as f64 / span as f64;
+                let busy = match (window, node.mark_end) {
+                    (true, Some(m)) => m,
+                    _ => (
+                        node.cpu.busy_at(now),
+                        node.disk.busy_at(now),
+                        node.link.busy_at(now),
+                    ),
+                };
                 let rs = node
                     .replicas
                     .as_ref()
@@ -1362,9 +1422,9 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
                     responses: node.c.responses,
                     bytes_out: node.c.bytes_out,
                     peer_bytes_out: node.c.peer_bytes_out,
-                    link_utilization: util(node.link.busy_at(now), node.mark.2),
-                    cpu_utilization: util(node.cpu.busy_at(now), node.mark.0),
-                    disk_utilization: util(node.disk.busy_at(now), node.mark.1),
+                    link_utilization: util(busy.2, node.mark.2),
+                    cpu_utilization: util(busy.0, node.mark.0),
+                    disk_utilization: util(busy.1, node.mark.1),
                     cached_bytes: node.cache.used_bytes(),
                     replicas: node.replicas.as_ref().map_or(0, |r| r.len() as u64),
                     replica_bytes: node.replicas.as_ref().map_or(0, |r| r.bytes()),
@@ -1411,9 +1471,7 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
             sim_secs: secs,
             throughput: t.requests as f64 / secs,
             mbytes_per_sec: t.body_bytes as f64 / secs / 1e6,
-            efficiency: t.body_bytes as f64
-                / secs
-                / (cfg.nodes as f64 * cfg.link_bytes_per_sec()),
+            efficiency: t.body_bytes as f64 / secs / (cfg.nodes as f64 * cfg.link_bytes_per_sec()),
             local_hit_rate: t.local as f64 / n,
             owner_hit_rate: t.owner as f64 / n,
             replica_hit_rate: t.replica as f64 / n,
@@ -1508,4 +1566,112 @@ pub fn sweep_coop(
         .into_iter()
         .map(|r| r.unwrap_or_else(|| Err(SimError::Config("a run did not finish".into()))))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::{Http, Targets};
+    use std::sync::Arc;
+
+    #[test]
+    fn member_ids_match_the_nodes_vectors() {
+        // The FNV-1a test vectors `member_id` of crates/node/src/coop.rs is held to.
+        assert_eq!(member_id("").0, 0x811c_9dc5);
+        assert_eq!(member_id("a").0, 0xe40c_292c);
+        assert_eq!(member_id("foobar").0, 0xbf9c_f968);
+        assert_eq!(member_name(0), "n1");
+    }
+
+    #[test]
+    fn systems_parse_by_their_paper_names() {
+        for s in System::ALL {
+            assert_eq!(s.as_str().to_lowercase().parse::<System>().unwrap(), s);
+        }
+        assert!("LARD".parse::<System>().is_err());
+        assert_eq!(serde_json::to_value(System::CfRep).unwrap(), "CF-REP");
+    }
+
+    #[test]
+    fn bad_configurations_are_refused() {
+        let ok = CoopConfig::new(2, System::Cyclone);
+        assert!(ok.validate().is_ok());
+        for bad in [
+            CoopConfig {
+                nodes: 0,
+                ..ok.clone()
+            },
+            CoopConfig {
+                clients: 0,
+                ..ok.clone()
+            },
+            CoopConfig {
+                link_mbps: 0.0,
+                ..ok.clone()
+            },
+            CoopConfig {
+                link_mbps: f64::NAN,
+                ..ok.clone()
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+        let mut c = ok.clone();
+        c.costs.clone_us = -1.0;
+        assert!(c.validate().is_err());
+        let mut c = ok;
+        c.replication.threshold = 0.0;
+        assert!(c.validate().is_err());
+    }
+
+    fn tiny() -> SimWorkload {
+        let targets = Arc::new(Targets {
+            keys: (0..8).map(|i| format!("/f{i}").into()).collect(),
+            sizes: vec![10_000; 8],
+        });
+        let conns: Vec<Vec<Vec<u32>>> = (0..400).map(|i| vec![vec![i % 8]]).collect();
+        SimWorkload::from_connections(targets, Http::V10, &conns).unwrap()
+    }
+
+    #[test]
+    fn one_node_serves_everything_itself_whatever_the_system() {
+        let w = tiny();
+        let mut first = None;
+        for s in System::ALL {
+            let r = simulate_coop(&CoopConfig::new(1, s), &w).unwrap();
+            // The window: from the second pass's first connection to its last one's start.
+            assert!((330..=400).contains(&r.measured_requests), "{r:?}");
+            assert_eq!(r.clones_per_request + r.fetches_per_request, 0.0);
+            // Warm after one pass: every object is cached.
+            assert_eq!(r.local_hit_rate, 1.0, "{s}");
+            let t = r.throughput;
+            assert!((t - *first.get_or_insert(t)).abs() < 1e-6 * t, "{s}: {t}");
+        }
+    }
+
+    #[test]
+    fn a_cached_response_is_limited_by_the_link() {
+        // 40 clients, one node, 10 kB responses from memory: 100 Mbit/s carry 1250 a second.
+        let r = simulate_coop(&CoopConfig::new(1, System::Rr), &tiny()).unwrap();
+        assert!((r.efficiency - 1.0).abs() < 0.02, "{}", r.efficiency);
+        assert!((r.throughput - 1250.0).abs() < 25.0, "{}", r.throughput);
+        assert!(r.per_node[0].link_utilization > 0.98);
+    }
+
+    #[test]
+    fn cloning_and_forwarding_follow_the_owner_map() {
+        let w = tiny();
+        let sc = simulate_coop(&CoopConfig::new(4, System::Sc), &w).unwrap();
+        let cf = simulate_coop(&CoopConfig::new(4, System::CfLru), &w).unwrap();
+        // Connections go round robin, targets to their owners: 3 in 4 requests are remote
+        // (more or less, by the owner map).
+        assert!(sc.clones_per_request > 0.5, "{}", sc.clones_per_request);
+        assert_eq!(sc.replica_hit_rate, 0.0);
+        assert!((sc.local_hit_rate + sc.owner_hit_rate + sc.disk_rate - 1.0).abs() < 1e-9);
+        assert!(sc.local_hit_rate + sc.owner_hit_rate > 0.9, "{sc:?}");
+        // CF keeps what it fetched: warm, (nearly) everything is local; the window opens while
+        // the last cold fetches of the warm-up pass finish.
+        assert!(cf.local_hit_rate > 0.9, "{}", cf.local_hit_rate);
+        assert!(cf.fetches_per_request < 0.1, "{}", cf.fetches_per_request);
+    }
 }

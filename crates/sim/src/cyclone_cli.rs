@@ -12,9 +12,7 @@ use serde::Serialize;
 use switchyard_trace::{synthesize, SessionConfig, TargetKey, Workload};
 
 use crate::cli::{parse_list, write_to};
-use crate::cyclone::{
-    berkeley_synth, sweep_coop, CoopConfig, CoopResult, System, BERKELEY_BYTES,
-};
+use crate::cyclone::{berkeley_synth, sweep_coop, CoopConfig, CoopResult, System, BERKELEY_BYTES};
 use crate::workload::{Http, SimWorkload, Targets, WorkloadSummary};
 use crate::SimError;
 
@@ -160,7 +158,16 @@ fn systems(s: &str) -> Result<Vec<System>, SimError> {
     if s.trim().eq_ignore_ascii_case("all") {
         return Ok(System::ALL.to_vec());
     }
-    parse_list(s, "systems")
+    let v: Vec<System> = s
+        .split(',')
+        .map(str::trim)
+        .filter(|x| !x.is_empty())
+        .map(str::parse)
+        .collect::<Result<_, _>>()?;
+    if v.is_empty() {
+        return Err(SimError::Config("no system given".into()));
+    }
+    Ok(v)
 }
 
 /// Runs `switchyard sim cyclone`.
@@ -365,4 +372,72 @@ pub fn write_nodes_csv(out: &mut dyn Write, runs: &[CoopResult]) -> io::Result<(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cli::{run, SimCommand};
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Top {
+        #[command(subcommand)]
+        cmd: SimCommand,
+    }
+
+    fn go(args: &[&str]) -> Result<String, crate::SimError> {
+        let top = Top::try_parse_from(args).unwrap();
+        let mut out = Vec::new();
+        run(&top.cmd, &mut out)?;
+        Ok(String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn cyclone_prints_a_table_and_writes_csv_and_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let csv = dir.path().join("runs.csv");
+        let nodes = dir.path().join("nodes.csv");
+        let base = [
+            "sim",
+            "cyclone",
+            "--scale",
+            "0.002",
+            "--requests",
+            "1500",
+            "--nodes",
+            "1,2",
+            "--systems",
+            "sc,Cyclone",
+        ];
+        let mut args = base.to_vec();
+        args.extend(["--csv", csv.to_str().unwrap()]);
+        args.extend(["--node-csv", nodes.to_str().unwrap()]);
+        let out = go(&args).unwrap();
+        assert!(out.contains("Cyclone"), "{out}");
+        assert_eq!(out.lines().filter(|l| l.starts_with("SC ")).count(), 2);
+        let text = std::fs::read_to_string(&csv).unwrap();
+        assert_eq!(text.lines().count(), 5);
+        assert_eq!(
+            text.lines().nth(1).unwrap().split(',').count(),
+            super::RUNS_CSV_HEADER.split(',').count()
+        );
+        // 1 + 2 nodes per system.
+        assert_eq!(std::fs::read_to_string(&nodes).unwrap().lines().count(), 7);
+        let mut args = base.to_vec();
+        args.push("--json");
+        let out = go(&args).unwrap();
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(v["runs"].as_array().unwrap().len(), 4);
+        assert_eq!(v["runs"][3]["system"], "Cyclone");
+        assert_eq!(v["workload"]["requests"], 1500);
+    }
+
+    #[test]
+    fn bad_input_is_a_clear_error() {
+        let e = go(&["sim", "cyclone", "--systems", "LARD"]).unwrap_err();
+        assert!(e.to_string().contains("unknown system"), "{e}");
+        let e = go(&["sim", "cyclone", "--link-mbps", "0"]).unwrap_err();
+        assert!(e.to_string().contains("link rate"), "{e}");
+        assert!(go(&["sim", "cyclone", "--scale", "3"]).is_err());
+    }
 }
