@@ -6,6 +6,8 @@
 //! switchyard sim sweep     [WORKLOAD] [CLUSTER] [--nodes 1,2,4,8] [--series paper] [--svg FILE] …
 //! switchyard sim crossover [CLUSTER] [--sizes-kb 1,2,4,…] [--svg FILE] [--csv FILE] [--json]
 //! switchyard sim paper     [WORKLOAD] [CLUSTER] --out DIR [--nodes …] [--presets apache,flash]
+//! switchyard sim cyclone   [--trace FILE | --scale 0.01 …] [--nodes 1,2,4,8] [--systems all]
+//!                          [--json] [--csv FILE] [--node-csv FILE]
 //! ```
 //!
 //! WORKLOAD is a Common/Combined Log Format trace (`--trace FILE`) or, by default, the synthetic
@@ -44,6 +46,9 @@ pub enum SimCommand {
     Crossover(CrossoverArgs),
     /// Reproduce seed 003 §5–§6: Figs. 5–8 and the paper's findings, written to a directory.
     Paper(PaperArgs),
+    /// Cooperative clusters without a front end (seed 000 §5): RR, CF-LRU, CF-LFU, CF-REP, SC and
+    /// Cyclone at several cluster sizes: throughput, efficiency, hit rates, balance.
+    Cyclone(crate::cyclone_cli::CycloneArgs),
 }
 
 /// Where the requests come from.
@@ -284,7 +289,7 @@ pub struct PaperArgs {
     pub json: bool,
 }
 
-fn parse_list<T: std::str::FromStr>(s: &str, what: &str) -> Result<Vec<T>, SimError> {
+pub(crate) fn parse_list<T: std::str::FromStr>(s: &str, what: &str) -> Result<Vec<T>, SimError> {
     let v: Result<Vec<T>, _> = s
         .split(',')
         .map(str::trim)
@@ -427,7 +432,7 @@ fn base_config(c: &ClusterArgs, scale: f64) -> Result<SimConfig, SimError> {
     Ok(cfg)
 }
 
-fn write_to(
+pub(crate) fn write_to(
     path: &Path,
     f: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
 ) -> Result<(), SimError> {
@@ -480,6 +485,7 @@ pub fn run(cmd: &SimCommand, out: &mut dyn Write) -> Result<(), SimError> {
         SimCommand::Sweep(a) => run_sweep(a, out),
         SimCommand::Crossover(a) => run_crossover(a, out),
         SimCommand::Paper(a) => run_paper_cmd(a, out),
+        SimCommand::Cyclone(a) => crate::cyclone_cli::run(a, out),
     }
 }
 

@@ -130,7 +130,7 @@ impl Default for DiskCosts {
 }
 
 impl DiskCosts {
-    fn check(&self) -> Result<(), SimError> {
+    pub(crate) fn check(&self) -> Result<(), SimError> {
         check_costs(&[
             ("seek_us", self.seek_us),
             ("per_4k_us", self.per_4k_us),

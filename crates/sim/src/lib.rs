@@ -84,6 +84,8 @@
 pub mod analysis;
 pub mod cli;
 pub mod config;
+pub mod cyclone;
+mod cyclone_cli;
 pub mod engine;
 mod error;
 pub mod paper;

@@ -234,6 +234,17 @@ impl SimWorkload {
         start..self.batch_end[b] as usize
     }
 
+    /// Requests of connection `c`, as a range of request indices.
+    pub(crate) fn conn_requests(&self, c: usize) -> std::ops::Range<usize> {
+        let b = self.conn_batches(c);
+        let start = if b.start == 0 {
+            0
+        } else {
+            self.batch_end[b.start - 1] as usize
+        };
+        start..self.batch_end[b.end - 1] as usize
+    }
+
     /// The first `n` connections only (for quick runs and tests).
     pub fn truncated(&self, n: usize) -> SimWorkload {
         let n = n.min(self.connections());
