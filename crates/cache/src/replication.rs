@@ -24,6 +24,14 @@ use std::time::Duration;
 
 use crate::{AgingCounter, Cache, InsertOutcome, LfuAging, PolicyError};
 
+/// The default hot threshold: with counts halved every 10 s, a target's count settles near 20 x
+/// its request rate, so 200 makes a target hot from about 10 requests a second (counted with
+/// its copies). Chosen in the simulator on a trace shaped like seed 000's at 8 nodes: 16 made
+/// nearly every target hot within seconds and the replica caches thrashed (Cyclone 8,676 req/s,
+/// below SC's 10,079), 200 gave 11,612 and 1000 10,580 (`switchyard sim cyclone --nodes 8
+/// --systems SC,Cyclone --hot-threshold T --requests 12000 --clients 80`).
+pub const DEFAULT_HOT_THRESHOLD: f64 = 200.0;
+
 /// How targets become hot and how much memory replicas may take.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ReplicationSettings {

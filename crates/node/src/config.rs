@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use switchyard_handoff::link::ControlAddr;
-use switchyard_policy::{PolicyConfig, PolicyKind};
+use switchyard_policy::PolicyConfig;
 
 /// Configuration of one node. Every field has a default except `root`.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -94,8 +94,9 @@ pub struct ClusterConfig {
     pub name: String,
     /// Every node of the cluster, this one included.
     pub members: Vec<Member>,
-    /// The owner map: which member owns each target. Default `chash` (consistent hashing with
-    /// bounded loads); any policy of `[policy]` may be named.
+    /// The owner map: which member owns each target. Default `chash` with the load bound
+    /// lifted ([`PolicyConfig::owner_map`]: each member sees only its own load, and hot targets
+    /// are spread by replication); any policy of `[policy]` may be named.
     #[serde(default = "default_owner_policy")]
     pub policy: PolicyConfig,
     /// How long a clone waits for its owner's answer (`Accepted` or `Drop`) before it cancels,
@@ -135,11 +136,10 @@ pub struct ReplicationConfig {
 impl Default for ReplicationConfig {
     fn default() -> Self {
         // The replica cache takes the share of memory the seed gave it (12 MB beside a 128 MB
-        // cache) of the default object cache; the aging is the object cache's LFU aging. See
-        // bench/cyclone for the threshold.
+        // cache) of the default object cache; the aging is the object cache's LFU aging.
         ReplicationConfig {
             enabled: true,
-            hot_threshold: 16.0,
+            hot_threshold: switchyard_cache::replication::DEFAULT_HOT_THRESHOLD,
             aging_interval_ms: 10_000,
             aging_factor: 0.5,
             replica_bytes: 24 * 1024 * 1024,
@@ -166,7 +166,7 @@ impl ReplicationConfig {
 }
 
 fn default_owner_policy() -> PolicyConfig {
-    PolicyConfig::new(PolicyKind::Chash)
+    PolicyConfig::owner_map()
 }
 
 fn default_clone_timeout_ms() -> u64 {

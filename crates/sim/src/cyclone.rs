@@ -65,7 +65,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use switchyard_cache::replication::{HotTargets, ReplicaStats, Replicas, ReplicationSettings};
 use switchyard_cache::Cache;
-use switchyard_policy::{ConnId, NodeId, NodeSpec, Outcome, Policy, PolicyConfig, PolicyKind};
+use switchyard_policy::{ConnId, NodeId, NodeSpec, Outcome, Policy, PolicyConfig};
 use switchyard_trace::SynthConfig;
 
 use crate::config::{us_to_ns, DiskCosts, Nanos};
@@ -289,7 +289,7 @@ pub fn nfs_disk() -> DiskCosts {
 /// replica cache of `replica_bytes`.
 pub fn default_replication(replica_bytes: u64) -> ReplicationSettings {
     ReplicationSettings {
-        threshold: 16.0,
+        threshold: switchyard_cache::replication::DEFAULT_HOT_THRESHOLD,
         aging_interval: Duration::from_secs(10),
         aging_factor: 0.5,
         max_tracked: 65_536,
@@ -305,7 +305,7 @@ impl CoopConfig {
         CoopConfig {
             nodes,
             system,
-            owner_policy: PolicyConfig::new(PolicyKind::Chash),
+            owner_policy: PolicyConfig::owner_map(),
             costs: CoopCosts::default(),
             disk: nfs_disk(),
             shared_disk: true,

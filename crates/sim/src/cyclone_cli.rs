@@ -52,7 +52,7 @@ pub struct CycloneArgs {
     #[arg(long)]
     pub replica_bytes: Option<u64>,
     /// Aged references from which an owned target is hot.
-    #[arg(long, default_value_t = 16.0)]
+    #[arg(long, default_value_t = switchyard_cache::replication::DEFAULT_HOT_THRESHOLD)]
     pub hot_threshold: f64,
     /// Aging period of the reference counts, milliseconds.
     #[arg(long, default_value_t = 10_000)]
@@ -63,11 +63,11 @@ pub struct CycloneArgs {
     /// Owner map policy (as `[cluster] policy`).
     #[arg(long, default_value = "chash")]
     pub owner_policy: String,
-    /// `chash` load bound factor of the owner map (the node's default 0.25; 1000 lifts the
-    /// bound: plain consistent hashing, like the paper's hash mapping).
+    /// `chash` load bound factor of the owner map (default as the node's: 1000, the bound
+    /// lifted, plain consistent hashing like the paper's hash mapping).
     #[arg(long)]
     pub owner_eps: Option<f64>,
-    /// `chash` ring points per node.
+    /// `chash` ring points per node (default as the node's: 1000).
     #[arg(long)]
     pub chash_points: Option<u32>,
     /// Payload rate of each node's link, Mbit/s.
