@@ -82,6 +82,11 @@ pub struct NodeConfig {
     /// `[cluster]` table, not from `[node]`.
     #[serde(skip)]
     pub cluster: Option<ClusterConfig>,
+    /// The node is a rescue server (seed 001): it serves the origins it rescues as a reverse
+    /// caching proxy under their names and its virtual host names, and answers names it does
+    /// not serve 421. Set from the top-level `[rescue]` table, not from `[node]`.
+    #[serde(skip)]
+    pub rescue: Option<switchyard_rescue::RescueConfig>,
 }
 
 /// `[cluster]`: the members of a cooperative cluster (seed 000). The same table serves every
@@ -279,6 +284,7 @@ impl Default for NodeConfig {
             handoff_listen: None,
             handoff_vip: None,
             cluster: None,
+            rescue: None,
         }
     }
 }
