@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use switchyard_handoff::link::ControlAddr;
 use switchyard_policy::{PolicyConfig, PolicyKind};
+pub use switchyard_rescue::ProxyConfig as RescueProxyConfig;
 
 /// Configuration of one node. Every field has a default except `root`.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
