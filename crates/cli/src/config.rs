@@ -14,6 +14,8 @@ pub struct FileConfig {
     pub node: Option<NodeConfig>,
     /// `[cluster]`: the members of a cooperative cluster (`switchyard node --cooperative`).
     pub cluster: Option<switchyard_node::ClusterConfig>,
+    /// `[rescue]`: cross-site flash-crowd rescue (DotSlash); a node with it is a rescue server.
+    pub rescue: Option<switchyard_node::RescueConfig>,
     /// `[switch]`: the layer-7 switch.
     pub switch: Option<switchyard_switch::SwitchConfig>,
     /// `[log]`: logging.
@@ -118,6 +120,32 @@ mod tests {
         )
         .unwrap_err();
         assert!(format!("{e:#}").contains("hot_treshold"), "{e:#}");
+    }
+
+    /// The example's commented `[rescue]` table, switched on, is a valid rescue table.
+    #[test]
+    fn example_rescue_table_parses() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../switchyard.example.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let start = text.find("# [rescue]").expect("a [rescue] example");
+        let end = text[start..].find("\n\n").map_or(text.len(), |e| start + e);
+        let table: String = text[start..end]
+            .lines()
+            .filter(|l| !l.starts_with("##"))
+            .map(|l| l.strip_prefix("# ").unwrap_or(l))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let cfg = FileConfig::parse(&table).unwrap();
+        let r = cfg.rescue.expect("the [rescue] table");
+        r.validate().unwrap();
+        assert_eq!(r.server_name, "www.rescue.example");
+        assert_eq!(r.server_aliases, ["rescue.example"]);
+        assert_eq!(r.expired_redirect_secs, 86_400);
+        assert_eq!(
+            r.proxy,
+            switchyard_node::config::RescueProxyConfig::default()
+        );
+        assert!(FileConfig::parse("[rescue]\nserver_name = \"a.b\"\n").is_err());
     }
 
     #[test]

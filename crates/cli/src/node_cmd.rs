@@ -157,6 +157,10 @@ pub fn run(args: NodeArgs, file: &FileConfig) -> anyhow::Result<()> {
     } else if file.cluster.is_some() {
         tracing::info!("[cluster] is set but --cooperative is not: serving alone");
     }
+    if let Some(r) = &file.rescue {
+        r.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        cfg.rescue = Some(r.clone());
+    }
     if cfg.root.as_os_str().is_empty() {
         anyhow::bail!("no document root: pass --root DIR or set [node] root in the config file");
     }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use switchyard_handoff::link::ControlAddr;
 use switchyard_policy::PolicyConfig;
+pub use switchyard_rescue::ProxyConfig as RescueProxyConfig;
 
 /// Configuration of one node. Every field has a default except `root`.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -82,6 +83,11 @@ pub struct NodeConfig {
     /// `[cluster]` table, not from `[node]`.
     #[serde(skip)]
     pub cluster: Option<ClusterConfig>,
+    /// The node is a rescue server (seed 001): it serves the origins it rescues as a reverse
+    /// caching proxy under their names and its virtual host names, and answers names it does
+    /// not serve 421. Set from the top-level `[rescue]` table, not from `[node]`.
+    #[serde(skip)]
+    pub rescue: Option<switchyard_rescue::RescueConfig>,
 }
 
 /// `[cluster]`: the members of a cooperative cluster (seed 000). The same table serves every
@@ -279,6 +285,7 @@ impl Default for NodeConfig {
             handoff_listen: None,
             handoff_vip: None,
             cluster: None,
+            rescue: None,
         }
     }
 }

@@ -50,6 +50,10 @@ use switchyard_runtime::request::{self as reading, BodyError, ClientConn, Client
 use switchyard_runtime::request::{HeadEnd, HeadWait};
 use switchyard_runtime::shed::WaitingClients;
 
+// The rescue server's requests (`crate::rescue`), answered with the loop's own helpers.
+#[path = "rescue/serve.rs"]
+mod rescue_serve;
+
 /// Buffered responses are flushed once this much is pending.
 const FLUSH_AT: usize = 64 * 1024;
 
@@ -66,6 +70,8 @@ pub(crate) struct Ctx {
     pub(crate) waiting: Arc<WaitingClients>,
     /// Hot-object replication, in a cooperative cluster that has it on.
     pub(crate) replication: Option<Arc<crate::replica::Replication>>,
+    /// The rescue server's virtual hosts and proxy, on a node with a `[rescue]` table.
+    pub(crate) rescue: Option<Arc<crate::rescue::RescueProxy>>,
 }
 
 /// What the loop does with a request of a routed connection.
@@ -539,6 +545,11 @@ impl<R: Router> Conn<'_, R> {
         self.stats.requests += 1;
         self.buf.advance(head.head_len);
         let http10 = head.version == Version::Http10;
+        if self.ctx.rescue.is_some() {
+            if let Some(end) = Box::pin(self.rescue(&head, started)).await {
+                return end;
+            }
+        }
         if !matches!(head.method, Method::Get | Method::Head) {
             // Bodies of refused methods are not read: answer and close.
             let status = if head.method == Method::Other {
@@ -935,6 +946,7 @@ mod tests {
             send_timeout: Duration::from_secs(5),
             waiting: Default::default(),
             replication: None,
+            rescue: None,
         })
     }
 
@@ -1004,6 +1016,7 @@ mod tests {
                 send_timeout: Duration::from_secs(1),
                 waiting: Default::default(),
                 replication: None,
+                rescue: None,
             });
             let (_tx, rx) = tokio::sync::watch::channel(false);
             let fut = super::serve(ctx, s, rx, bytes::BytesMut::new());

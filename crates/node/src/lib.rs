@@ -33,7 +33,9 @@
 //!    root and the disk model;
 //! 2. [`store`] (cache and disk reads), then [`metrics`] and [`report`]
 //!    (counters and load reports over the store);
-//! 3. `forward`: fetching a response from another node;
+//! 3. `forward`: fetching a response from another node; `rescue`: the rescue server's virtual
+//!    hosts and reverse caching proxy (seed 001), whose connection-side part
+//!    (`rescue/serve.rs`) is a child module of `conn`;
 //! 4. `conn`: the connection loop, with what every connection shares and
 //!    the `Router` trait through which a handed-in connection is routed
 //!    request by request; it knows nothing of switches or handoffs;
@@ -56,6 +58,7 @@ mod handoff;
 pub mod metrics;
 mod replica;
 pub mod report;
+mod rescue;
 pub mod store;
 
 use std::net::SocketAddr;
@@ -78,7 +81,9 @@ pub use config::{ClusterConfig, DiskConfig, Member, NodeConfig};
 use conn::Ctx;
 pub use error::NodeError;
 pub use metrics::NodeMetrics;
+pub use rescue::{RescueHandle, RescueStats};
 pub use store::Store;
+pub use switchyard_rescue::RescueConfig;
 
 /// A node that is serving.
 pub struct RunningNode {
@@ -91,9 +96,15 @@ pub struct RunningNode {
     tasks: Vec<JoinHandle<()>>,
     handoff: handoff::Listeners,
     cluster: Option<Arc<coop::Cluster>>,
+    rescue: Option<Arc<rescue::RescueProxy>>,
 }
 
 impl RunningNode {
+    /// On a rescue server (`[rescue]`): the handle that adds and ends the origins it serves.
+    pub fn rescue(&self) -> Option<RescueHandle> {
+        self.rescue.clone().map(RescueHandle)
+    }
+
     /// The address the web server listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
@@ -238,6 +249,14 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
     };
     let store = Arc::new(Store::new(&cfg)?);
     let metrics = Arc::new(NodeMetrics::default());
+    let rescue = match &cfg.rescue {
+        Some(r) => {
+            r.validate()
+                .map_err(|e| NodeError::Config(format!("[rescue]: {e}")))?;
+            Some(Arc::new(rescue::RescueProxy::new(r.clone())))
+        }
+        None => None,
+    };
     let ctx = Arc::new(Ctx {
         limits: limits(&cfg),
         store: store.clone(),
@@ -247,6 +266,7 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
         send_timeout: Duration::from_millis(cfg.send_timeout_ms),
         waiting: WaitingClients::new(),
         replication,
+        rescue: rescue.clone(),
     });
     let bind_err = |source| NodeError::Bind {
         addr: cfg.listen,
@@ -263,6 +283,9 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
             metrics::register(&mut registry, metrics.clone(), store.clone());
             if let Some(c) = &cluster {
                 coop::register(&mut registry, c.clone());
+            }
+            if let Some(r) = &rescue {
+                rescue::register(&mut registry, r.clone());
             }
             let mut admin = Admin::new(registry);
             if let Some(c) = cluster.clone() {
@@ -375,6 +398,7 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
         tasks,
         handoff,
         cluster,
+        rescue,
     })
 }
 

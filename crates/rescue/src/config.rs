@@ -9,6 +9,11 @@
 //! bandwidth_kbps = 1250            # required: B; D_out = B × U = 1000 kB/s
 //! # usable = 0.8   t_low = 0.10   t_alert = 0.50   t_high = 0.75   t_coff = 0.90
 //! # control_interval_ms = 1000   n_low = 30   max_idle_secs = 300   a_redi_bytes = 468
+//! # server_aliases = ["origin.com"]   expired_redirect_secs = 86400
+//!
+//! [rescue.proxy]                   # the reverse caching proxy of a rescue server
+//! # cache_bytes = 67108864   origin_bytes = 33554432   max_object_bytes = 1048576
+//! # fresh_ms = 10000   fetch_timeout_ms = 10000
 //! ```
 
 use std::net::IpAddr;
@@ -112,6 +117,97 @@ pub struct RescueConfig {
     /// The status page, never redirected. Default `/dotslash-status`.
     #[serde(default = "d_status")]
     pub status_path: String,
+    /// Further names of this server's own site besides `server_name` (its configured
+    /// content). Requests naming neither these, nor an origin it rescues, nor an expired origin
+    /// still redirected back, are misdirected (421): a rescue server is never an open proxy.
+    #[serde(default)]
+    pub server_aliases: Vec<String>,
+    /// How long an ended origin's names keep being redirected back to it, seconds (§4.1:
+    /// clients and their DNS resolvers keep using a rescue server's names after the relationship
+    /// ends; the paper keeps them "a few hours or a few days"). Default 86400 (one day): the
+    /// longest lifetime common browser and proxy caches give a page without validators
+    /// (heuristic freshness is usually capped at 24 h), so a page cached during the crowd that
+    /// links the virtual host name still finds its way back. Afterwards the names are unknown
+    /// (421) but never given out again.
+    #[serde(default = "d_expired_redirect")]
+    pub expired_redirect_secs: u64,
+    /// `[rescue.proxy]`: the reverse caching proxy a rescue server serves its origins with.
+    #[serde(default)]
+    pub proxy: ProxyConfig,
+}
+
+/// `[rescue.proxy]`: the rescue server's reverse caching proxy (§4.1). Objects are kept in
+/// memory (as in the paper, whose hot files fit in memory); larger ones are relayed to each
+/// client without being cached.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProxyConfig {
+    /// Bytes of proxied objects kept over all origins. Default 64 MiB.
+    pub cache_bytes: u64,
+    /// Bytes of proxied objects kept for one origin, so that one origin's crowd cannot push
+    /// the others out. Default 32 MiB.
+    pub origin_bytes: u64,
+    /// Largest object cached; larger responses are relayed uncached. Default 1 MiB (the node's
+    /// own `cache_max_object_bytes`).
+    pub max_object_bytes: u64,
+    /// How long a cached object is used without asking the origin, milliseconds; afterwards it
+    /// is revalidated with its validators (`If-None-Match`, `If-Modified-Since`), and a 304
+    /// keeps it another interval. Default 10000: the origin answers at most one small 304 per
+    /// hot object every 10 s (about A_redi bytes each, far below T_low of any D_out), while its
+    /// changes reach clients within 10 s.
+    pub fresh_ms: u64,
+    /// Time allowed for a fetch from the origin (connect, response head and whole body) before
+    /// the waiting clients get 504, milliseconds. Default 10000.
+    pub fetch_timeout_ms: u64,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            cache_bytes: 64 << 20,
+            origin_bytes: 32 << 20,
+            max_object_bytes: 1 << 20,
+            fresh_ms: 10_000,
+            fetch_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl ProxyConfig {
+    /// The freshness interval.
+    pub fn fresh(&self) -> Duration {
+        Duration::from_millis(self.fresh_ms)
+    }
+
+    /// The fetch timeout.
+    pub fn fetch_timeout(&self) -> Duration {
+        Duration::from_millis(self.fetch_timeout_ms)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let err = |key: &'static str, msg: &str| {
+            Err(ConfigError {
+                key,
+                msg: msg.to_string(),
+            })
+        };
+        if self.cache_bytes == 0 {
+            return err("proxy.cache_bytes", "must be positive");
+        }
+        if self.origin_bytes == 0 || self.origin_bytes > self.cache_bytes {
+            return err("proxy.origin_bytes", "must be in 1..=proxy.cache_bytes");
+        }
+        if self.max_object_bytes == 0 || self.max_object_bytes > self.origin_bytes {
+            return err(
+                "proxy.max_object_bytes",
+                "must be in 1..=proxy.origin_bytes",
+            );
+        }
+        if self.fetch_timeout_ms == 0 {
+            return err("proxy.fetch_timeout_ms", "must be at least 1");
+        }
+        Ok(())
+    }
 }
 
 fn d_usable() -> f64 {
@@ -162,6 +258,9 @@ fn d_first_vhost() -> u64 {
 fn d_status() -> String {
     "/dotslash-status".to_string()
 }
+fn d_expired_redirect() -> u64 {
+    86_400
+}
 
 impl RescueConfig {
     /// The defaults for a server with this identity and outbound bandwidth B (kB/s).
@@ -193,6 +292,9 @@ impl RescueConfig {
             request_timeout_ms: d_timeout(),
             first_vhost_seq: d_first_vhost(),
             status_path: d_status(),
+            server_aliases: Vec::new(),
+            expired_redirect_secs: d_expired_redirect(),
+            proxy: ProxyConfig::default(),
         }
     }
 
@@ -223,6 +325,11 @@ impl RescueConfig {
             let ms = 10 * self.n_low as u64 * self.control_interval_ms;
             ms.div_ceil(1000).clamp(1, u32::MAX as u64) as u32
         })
+    }
+
+    /// How long an ended origin's names are redirected back to it.
+    pub fn expired_redirect(&self) -> Duration {
+        Duration::from_secs(self.expired_redirect_secs)
     }
 
     /// The protocol's request timeout.
@@ -344,7 +451,12 @@ impl RescueConfig {
         if !self.status_path.starts_with('/') {
             return err("status_path", "must start with `/`".into());
         }
-        Ok(())
+        for a in &self.server_aliases {
+            if !valid_name(a) {
+                return err("server_aliases", format!("`{a}` is not a host name"));
+            }
+        }
+        self.proxy.validate()
     }
 }
 
@@ -378,6 +490,10 @@ mod tests {
         assert_eq!(c.max_idle(), 300, "10 × N_low × I_ctrl");
         assert_eq!(c.d_out(), 1_000_000.0, "B × U");
         assert_eq!(c.d_resc(), 500_000.0, "D_out × (1 − T_alert)");
+        assert_eq!(c.expired_redirect(), Duration::from_secs(86_400));
+        assert!(c.server_aliases.is_empty());
+        assert_eq!(c.proxy, ProxyConfig::default());
+        assert_eq!(c.proxy.fresh(), Duration::from_secs(10));
         c.validate().unwrap();
         assert_eq!(
             c,
@@ -398,6 +514,32 @@ mod tests {
         assert_eq!(f.rescue.n_low, 10);
         assert_eq!(f.rescue.max_idle(), 100);
         f.rescue.validate().unwrap();
+    }
+
+    #[test]
+    fn proxy_sub_table() {
+        #[derive(Debug, Deserialize)]
+        struct File {
+            rescue: RescueConfig,
+        }
+        let f: File = toml::from_str(
+            "[rescue]\nserver_name = \"www.rescue.com\"\nweb_ip = \"5.6.7.8\"\nweb_port = 80\nbandwidth_kbps = 1250\nserver_aliases = [\"rescue.com\"]\nexpired_redirect_secs = 60\n[rescue.proxy]\nfresh_ms = 500\nmax_object_bytes = 4096\n",
+        )
+        .unwrap();
+        f.rescue.validate().unwrap();
+        assert_eq!(f.rescue.server_aliases, ["rescue.com"]);
+        assert_eq!(f.rescue.expired_redirect(), Duration::from_secs(60));
+        assert_eq!(f.rescue.proxy.fresh(), Duration::from_millis(500));
+        assert_eq!(f.rescue.proxy.max_object_bytes, 4096);
+        assert_eq!(
+            f.rescue.proxy.cache_bytes,
+            ProxyConfig::default().cache_bytes
+        );
+        let e = toml::from_str::<File>(
+            "[rescue]\nserver_name = \"a.b\"\nweb_ip = \"5.6.7.8\"\nweb_port = 80\nbandwidth_kbps = 1\n[rescue.proxy]\nfresh = 1\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("fresh"), "{e}");
     }
 
     #[test]
@@ -459,6 +601,15 @@ mod tests {
             ("web_port", |c| c.web_port = 0),
             ("status_path", |c| c.status_path = "status".into()),
             ("sos_want_kbps", |c| c.sos_want_kbps = Some(0)),
+            ("server_aliases", |c| c.server_aliases = vec!["a/b".into()]),
+            ("proxy.cache_bytes", |c| c.proxy.cache_bytes = 0),
+            ("proxy.origin_bytes", |c| {
+                c.proxy.origin_bytes = c.proxy.cache_bytes + 1
+            }),
+            ("proxy.max_object_bytes", |c| {
+                c.proxy.max_object_bytes = c.proxy.origin_bytes + 1
+            }),
+            ("proxy.fetch_timeout_ms", |c| c.proxy.fetch_timeout_ms = 0),
         ];
         for (key, f) in bad {
             let mut c = base();

@@ -21,6 +21,9 @@
 //! * [`Session`] ([`session`]) — one connection's protocol state: sequence numbers,
 //!   outstanding requests, timeouts, answers to malformed requests.
 //! * [`RescueConfig`] ([`config`]) — the `[rescue]` table with Table 1's defaults.
+//! * [`VhostTable`] ([`vhosts`]) — a rescue server's dynamic virtual hosts: which requests are
+//!   its own, which it proxies for an origin, which it redirects back to an ended origin, and
+//!   which are misdirected.
 //! * [`mesh`] — several cores joined by sessions in memory: the tests' and the simulator's
 //!   network, and a complete example of a driver.
 //!
@@ -107,16 +110,18 @@ pub mod meter;
 pub mod proto;
 pub mod redirect;
 pub mod session;
+pub mod vhosts;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::config::RescueConfig;
+pub use crate::config::{ProxyConfig, RescueConfig};
 pub use crate::core::{Action, Candidate, Core, EndReason, State, Status};
 pub use crate::error::ConfigError;
 pub use crate::meter::{redirect_accounting, Measurement, Meter, Totals};
 pub use crate::proto::{Grant, LineReader, Message, ProtoError, Request, Response, Sos};
 pub use crate::redirect::{RedirectPlan, RedirectTarget, Redirector, Route, RouteQuery};
 pub use crate::session::{Inbound, Received, Session, SessionError};
+pub use crate::vhosts::{normalize_host, Lookup, Origin, OriginId, VhostError, VhostTable};
 
 /// A peer server, numbered by the driver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

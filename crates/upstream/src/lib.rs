@@ -15,6 +15,8 @@
 //!   (checked with [`switchyard_http::chunked`]) or until the peer closes, by splice(2) for
 //!   large remainders ([`splice`]), and tell whether the connection can go back to the pool.
 //!
+//! A caching proxy reads the body into memory instead, bounded ([`collect`]).
+//!
 //! The crate counts nothing itself: it returns the facts (connection reused, bytes relayed,
 //! bytes spliced, which side failed) and the caller keeps its own metrics.
 
@@ -28,11 +30,13 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::time::{timeout, timeout_at, Instant};
 
+pub mod collect;
 pub mod exchange;
 pub mod pool;
 pub mod relay;
 pub mod splice;
 
+pub use collect::{read_body, Collected};
 pub use exchange::{exchange, Failed, Request, Response};
 pub use pool::Pool;
 pub use relay::{relay_body, Client, Direct, RelayFailed, RelayOptions, Relayed};
