@@ -110,6 +110,7 @@ mod targets;
 mod types;
 mod wrr;
 
+pub use cap::Pattern as UrlPattern;
 pub use config::{
     build, ClassSpec, LoadSource, PersistentRouting, PolicyConfig, PolicyKind, WeightSpec,
 };
