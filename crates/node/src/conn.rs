@@ -18,6 +18,11 @@
 //! is complete and once it is written. The loop knows nothing of switches or
 //! control connections: `crate::handoff` implements the router. Ordinary
 //! accepted connections carry no router and take the same path as before.
+//!
+//! Requests for the paths of `[dynamic]` go to the application server
+//! ([`dynamic`]) on whichever connection they arrive, routed or not.
+
+mod dynamic;
 
 use std::cell::RefCell;
 use std::fs::File;
@@ -50,6 +55,8 @@ use switchyard_runtime::request::{self as reading, BodyError, ClientConn, Client
 use switchyard_runtime::request::{HeadEnd, HeadWait};
 use switchyard_runtime::shed::WaitingClients;
 
+pub(crate) use dynamic::Dynamic;
+
 /// Buffered responses are flushed once this much is pending.
 const FLUSH_AT: usize = 64 * 1024;
 
@@ -64,6 +71,8 @@ pub(crate) struct Ctx {
     pub(crate) send_timeout: Duration,
     /// Connections waiting on their clients, to shed for new ones when every slot is taken.
     pub(crate) waiting: Arc<WaitingClients>,
+    /// The application server for dynamic paths, if `[dynamic]` is configured.
+    pub(crate) dynamic: Option<Dynamic>,
 }
 
 /// What the loop does with a request of a routed connection.
@@ -412,10 +421,13 @@ impl<R: Router> Conn<'_, R> {
                 }
                 return Some(End::Moved);
             }
-            Step::Forward(peer) if forwardable(&head) => match self.forward(&head, peer).await {
-                Forwarded::Done(end) => (end, true),
-                Forwarded::NotSent => (self.handle(head).await, true),
-            },
+            // A dynamic request is answered by this node's own application server.
+            Step::Forward(peer) if forwardable(&head) && !self.is_dynamic(&head) => {
+                match self.forward(&head, peer).await {
+                    Forwarded::Done(end) => (end, true),
+                    Forwarded::NotSent => (self.handle(head).await, true),
+                }
+            }
             Step::Forward(_) => (self.handle(head).await, true),
             Step::Local { dispatched } => (self.handle(head).await, dispatched),
         };
@@ -519,8 +531,17 @@ impl<R: Router> Conn<'_, R> {
         Forwarded::Done(None)
     }
 
+    /// Whether the request goes to the application server.
+    fn is_dynamic(&self, head: &RequestHead) -> bool {
+        self.ctx.dynamic.as_ref().is_some_and(|d| d.serves(head))
+    }
+
     /// Answer one request; `Some` ends the connection.
     async fn handle(&mut self, head: RequestHead) -> Option<End> {
+        let ctx = self.ctx;
+        if let Some(app) = ctx.dynamic.as_ref().filter(|d| d.serves(&head)) {
+            return self.dynamic(head, app).await;
+        }
         let started = Instant::now();
         self.stats.requests += 1;
         self.buf.advance(head.head_len);
@@ -916,6 +937,7 @@ mod tests {
             idle_timeout: Duration::from_secs(5),
             send_timeout: Duration::from_secs(5),
             waiting: Default::default(),
+            dynamic: None,
         })
     }
 
@@ -984,6 +1006,7 @@ mod tests {
                 idle_timeout: Duration::from_secs(1),
                 send_timeout: Duration::from_secs(1),
                 waiting: Default::default(),
+                dynamic: None,
             });
             let (_tx, rx) = tokio::sync::watch::channel(false);
             let fut = super::serve(ctx, s, rx, bytes::BytesMut::new());

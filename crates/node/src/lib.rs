@@ -19,6 +19,10 @@
 //! the node serves them with the same loop, answers the clients directly,
 //! and reports to the switch over the control connection.
 //!
+//! With `[dynamic]` set, requests for its paths are forwarded to an
+//! application server on the node's host instead (`conn::dynamic`), on
+//! every connection however it arrived.
+//!
 //! In cooperative mode (`cluster`, seed 000) there is no switch: every node
 //! accepts clients, and a request owned by another member moves there with
 //! its connection and comes back once answered (`coop`).
@@ -34,7 +38,9 @@
 //! 3. `forward`: fetching a response from another node;
 //! 4. `conn`: the connection loop, with what every connection shares and
 //!    the `Router` trait through which a handed-in connection is routed
-//!    request by request; it knows nothing of switches or handoffs;
+//!    request by request; it knows nothing of switches or handoffs. Its
+//!    child `conn::dynamic` answers dynamic paths from the application
+//!    server;
 //! 5. `handoff`: the control connections, taking connections in, and the
 //!    router that asks the switch; it serves through `conn`;
 //! 6. `coop`: cooperative mode — the owner map, the control connections
@@ -71,7 +77,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
-pub use config::{ClusterConfig, DiskConfig, Member, NodeConfig};
+pub use config::{ClusterConfig, DiskConfig, DynamicConfig, Member, NodeConfig};
 use conn::Ctx;
 pub use error::NodeError;
 pub use metrics::NodeMetrics;
@@ -236,6 +242,7 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
         idle_timeout: Duration::from_millis(cfg.idle_timeout_ms),
         send_timeout: Duration::from_millis(cfg.send_timeout_ms),
         waiting: WaitingClients::new(),
+        dynamic: cfg.dynamic.as_ref().map(conn::Dynamic::new).transpose()?,
     });
     let bind_err = |source| NodeError::Bind {
         addr: cfg.listen,
