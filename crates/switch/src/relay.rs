@@ -456,8 +456,11 @@ impl Client {
             head_request: head.method == switchyard_http::Method::Head,
             max_head: gen.cfg.max_response_head_bytes,
         };
-        // A pooled connection may have been closed by the node just as it is reused: the
-        // request then goes again on a new connection.
+        // A pooled connection may have been closed by the node just as it is reused: an
+        // idempotent request then goes again on a new connection. Any other request may have
+        // been acted on by the node before it closed, so it is never sent twice: it is
+        // answered 502.
+        let idempotent = head.method.is_idempotent();
         let mut pooled = b.take_idle();
         loop {
             let mut node = match pooled.take() {
@@ -490,7 +493,7 @@ impl Client {
             let interim = (!http10).then_some((&self.stream, t.send));
             match upstream::exchange(&mut node, req, Deadline::Each(t.node), interim).await {
                 Ok(r) => return self.relay_response(gen, b, node, r, keep, http10).await,
-                Err(f) if f.retryable => continue,
+                Err(f) if f.retryable && idempotent => continue,
                 Err(f) => return Err(self.exchange_failed(gen, b, head, f.error)),
             }
         }
