@@ -75,7 +75,7 @@ pub fn run(args: SwitchArgs, file: &FileConfig, path: Option<&Path>) -> anyhow::
 #[cfg(test)]
 mod tests {
     use super::*;
-    use switchyard_policy::{ConnId, Policy, Request};
+    use switchyard_policy::{ConnId, Request};
 
     /// With `cap`, requests for the paths of `[dynamic]` are in the class `dynamic`, explicit
     /// classes first; other policies' settings are left alone.
