@@ -43,8 +43,9 @@ pub(crate) struct ExtLard {
     conns: HashMap<ConnId, ConnState>,
     /// Charge vectors of closed connections, reused.
     spare: Vec<Vec<(usize, u64)>>,
-    /// Targets of requests not yet finished, to learn what the nodes' caches hold.
-    awaiting: Awaiting,
+    /// Targets of requests not yet finished, to learn what the nodes' caches hold; `None`
+    /// without `cache_feedback`.
+    awaiting: Option<Awaiting>,
 }
 
 impl ExtLard {
@@ -58,7 +59,7 @@ impl ExtLard {
             table: TargetTable::new(cfg.max_targets, cfg.host_in_key),
             conns: HashMap::new(),
             spare: Vec::new(),
-            awaiting: Awaiting::default(),
+            awaiting: cfg.cache_feedback.then(Awaiting::default),
         }
     }
 
@@ -101,7 +102,9 @@ impl Strategy for ExtLard {
     fn reset(&mut self) {
         self.table.clear();
         self.conns.clear();
-        self.awaiting.clear();
+        if let Some(a) = &mut self.awaiting {
+            a.clear();
+        }
     }
 
     fn node_down(&mut self, core: &mut Core, slot: usize, _now: Duration) {
@@ -119,7 +122,9 @@ impl Strategy for ExtLard {
         if let Some(st) = self.conns.remove(&conn) {
             self.close(core, st);
         }
-        self.awaiting.end(conn);
+        if let Some(a) = &mut self.awaiting {
+            a.end(conn);
+        }
     }
 
     fn select(
@@ -160,7 +165,9 @@ impl Strategy for ExtLard {
             }
             let (key, e, counts) = self.table.entry(req, &mut core.c.evictions);
             let (slot, fresh) = choose(core, &self.costs, e).ok_or_else(|| core.reject())?;
-            self.awaiting.push(req.conn, key);
+            if let Some(a) = &mut self.awaiting {
+                a.push(req.conn, key);
+            }
             if fresh {
                 counts.add(e, slot);
                 e.last_mod = now;
@@ -174,9 +181,12 @@ impl Strategy for ExtLard {
 
         st.outstanding += 1;
         let (key, e, counts) = self.table.entry(req, &mut core.c.evictions);
-        self.awaiting.push(req.conn, key);
+        if let Some(a) = &mut self.awaiting {
+            a.push(req.conn, key);
+        }
         // A member that lost the target from its cache (it said so) no longer holds it.
-        let cached = e.members.contains(&(h as u32)) && !e.lost(h);
+        let member = e.members.contains(&(h as u32));
+        let cached = member && !e.lost(h);
         let disk_queue = core.nodes[h].report.map_or(0, |r| r.disk_queue);
         if cached || disk_queue < self.disk_threshold {
             // Served by the handling node; read from its disk if needed and cached there.
@@ -238,6 +248,9 @@ impl Strategy for ExtLard {
                 e.last_mod = now;
                 Ok(Pick::serve(h))
             }
+            // The handling node is the target's node and lost it: it reads it and caches it
+            // again (no other node holds it more cheaply).
+            _ if member => Ok(Pick::serve(h)),
             // Read from the handling node's own disk without caching it there (its cache is
             // assumed to be thrashing). Never refused: the connection already sits there.
             _ => Ok(Pick::Serve {
@@ -255,7 +268,8 @@ impl Strategy for ExtLard {
         outcome: &Outcome,
         _now: Duration,
     ) {
-        if let (Some(key), Some(slot)) = (self.awaiting.pop(conn), slot) {
+        let key = self.awaiting.as_mut().and_then(|a| a.pop(conn));
+        if let (Some(key), Some(slot)) = (key, slot) {
             self.table.observe(&key, slot, outcome);
         }
         if let Some(st) = self.conns.get_mut(&conn) {
@@ -273,7 +287,9 @@ impl Strategy for ExtLard {
             self.close(core, st);
         }
         self.table.clear();
-        self.awaiting.clear();
+        if let Some(a) = &mut self.awaiting {
+            a.clear();
+        }
     }
 
     fn stats(&self, _core: &Core, st: &mut PolicyStats) {
@@ -415,7 +431,10 @@ mod tests {
     #[test]
     fn a_target_its_holder_lost_is_not_fetched_from_it() {
         for lost in [false, true] {
-            let mut p = policy(PolicyKind::ExtLard, 3);
+            let mut cfg = PolicyConfig::new(PolicyKind::ExtLard);
+            cfg.cache_feedback = true;
+            let mut p = crate::build(&cfg).unwrap();
+            p.init(&nodes(3), T0).unwrap();
             let c1 = ConnId(1);
             p.connection_start(c1, T0);
             let h = p.select(&Request::get(c1, "/img"), T0).unwrap().node();

@@ -98,8 +98,9 @@ pub(crate) struct Lard {
     costs: Costs,
     shrink_after: Duration,
     table: TargetTable,
-    /// Targets of requests not yet finished, to learn what the nodes' caches hold.
-    awaiting: Awaiting,
+    /// Targets of requests not yet finished, to learn what the nodes' caches hold; `None`
+    /// without `cache_feedback`.
+    awaiting: Option<Awaiting>,
 }
 
 impl Lard {
@@ -109,7 +110,7 @@ impl Lard {
             costs: Costs::new(cfg),
             shrink_after: cfg.lard_r_shrink(),
             table: TargetTable::new(cfg.max_targets, cfg.host_in_key),
-            awaiting: Awaiting::default(),
+            awaiting: cfg.cache_feedback.then(Awaiting::default),
         }
     }
 
@@ -129,7 +130,9 @@ impl Lard {
             counts.add(e, slot);
             e.last_mod = now;
         }
-        self.awaiting.push(req.conn, key);
+        if let Some(a) = &mut self.awaiting {
+            a.push(req.conn, key);
+        }
         Ok(Pick::serve(slot))
     }
 
@@ -141,7 +144,9 @@ impl Lard {
     ) -> Result<Pick, Reject> {
         let (key, e, counts) = self.table.entry(req, &mut core.c.evictions);
         let (slot, fresh) = choose(core, &self.costs, e).ok_or_else(|| core.reject())?;
-        self.awaiting.push(req.conn, key);
+        if let Some(a) = &mut self.awaiting {
+            a.push(req.conn, key);
+        }
         if fresh {
             // Grow (or, for an empty set, place) the server set.
             counts.add(e, slot);
@@ -177,11 +182,15 @@ impl Strategy for Lard {
 
     fn reset(&mut self) {
         self.table.clear();
-        self.awaiting.clear();
+        if let Some(a) = &mut self.awaiting {
+            a.clear();
+        }
     }
 
     fn connection_end(&mut self, _core: &mut Core, conn: ConnId, _now: Duration) {
-        self.awaiting.end(conn);
+        if let Some(a) = &mut self.awaiting {
+            a.end(conn);
+        }
     }
 
     /// The node's word on its cache for the target it served.
@@ -193,7 +202,8 @@ impl Strategy for Lard {
         outcome: &Outcome,
         _now: Duration,
     ) {
-        if let (Some(key), Some(slot)) = (self.awaiting.pop(conn), slot) {
+        let key = self.awaiting.as_mut().and_then(|a| a.pop(conn));
+        if let (Some(key), Some(slot)) = (key, slot) {
             self.table.observe(&key, slot, outcome);
         }
     }
@@ -217,7 +227,9 @@ impl Strategy for Lard {
 
     fn shutdown(&mut self, _core: &mut Core) {
         self.table.clear();
-        self.awaiting.clear();
+        if let Some(a) = &mut self.awaiting {
+            a.clear();
+        }
     }
 
     fn stats(&self, _core: &Core, st: &mut PolicyStats) {
@@ -339,10 +351,22 @@ mod tests {
 
     /// A node that served a target from its cache and later without has lost it: past L_idle
     /// the target goes to a less loaded node, where a node still holding it keeps it.
+    fn with_feedback(kind: PolicyKind, n: u32) -> Box<dyn Policy> {
+        let mut cfg = PolicyConfig::new(kind);
+        cfg.cache_feedback = true;
+        let mut p = crate::build(&cfg).unwrap();
+        p.init(&nodes(n), T0).unwrap();
+        p
+    }
+
     #[test]
     fn lard_moves_a_target_its_node_lost_from_cache() {
-        for lost in [false, true] {
-            let mut p = policy(PolicyKind::Lard, 2);
+        for (feedback, lost) in [(true, false), (true, true), (false, true)] {
+            let mut p = if feedback {
+                with_feedback(PolicyKind::Lard, 2)
+            } else {
+                policy(PolicyKind::Lard, 2)
+            };
             let x = pick(&mut *p, "/a");
             // The first fetch is a miss, as always: nothing is learnt from it.
             p.post_request(CONN, x, &Outcome::ok(200, 1, false), T0);
@@ -352,9 +376,11 @@ mod tests {
             assert!(hold(&mut *p, "/a", 36).iter().all(|&n| n == x));
             // One of them finishes from the cache, or not: x lost it.
             p.post_request(CONN, x, &Outcome::ok(200, 1, !lost), T0);
+            // Without `cache_feedback` the word is not taken.
+            let moved = feedback && lost;
             let next = pick(&mut *p, "/a");
-            assert_eq!(next != x, lost, "lost {lost}");
-            assert_eq!(p.stats().reassignments, u64::from(lost));
+            assert_eq!(next != x, moved, "feedback {feedback} lost {lost}");
+            assert_eq!(p.stats().reassignments, u64::from(moved));
         }
     }
 
@@ -362,7 +388,7 @@ mod tests {
     /// hit makes it a holder again.
     #[test]
     fn lard_keeps_a_lost_target_on_an_idle_node() {
-        let mut p = policy(PolicyKind::Lard, 2);
+        let mut p = with_feedback(PolicyKind::Lard, 2);
         let x = pick(&mut *p, "/a");
         p.post_request(CONN, x, &Outcome::ok(200, 1, true), T0);
         assert_eq!(pick(&mut *p, "/a"), x);

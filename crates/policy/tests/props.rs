@@ -301,6 +301,7 @@ proptest! {
         cfg.l_idle = l_idle;
         cfg.l_overload = l_idle + span;
         cfg.miss_cost = miss;
+        cfg.cache_feedback = true;
         let (li, lo, mc) = (l_idle as u64, (l_idle + span) as u64, miss as u64);
         let mut p = make(&cfg, &nodes(n));
         let nn = n as usize;
