@@ -107,6 +107,11 @@ pub(crate) trait Router: Send {
     /// its status and length.
     fn answered(&mut self, status: u16, bytes: u64);
 
+    /// Whether the body of the response about to be reported by
+    /// [`Router::answered`] came from the memory cache (told just before it,
+    /// for a router that passes it on).
+    fn cache_hit(&mut self, _hit: bool) {}
+
     /// Everything produced so far has been written to the client.
     fn flushed(&mut self);
 }
@@ -186,6 +191,8 @@ struct Conn<'a, R: Router> {
     stats: ConnStats,
     /// Status of the last response produced.
     last_status: u16,
+    /// Whether the body of the last response produced came from the memory cache.
+    last_hit: bool,
     /// Set on routed connections (handed in by a switch).
     router: Option<&'a mut R>,
 }
@@ -256,6 +263,7 @@ pub(crate) async fn serve(
         shutdown,
         stats: ConnStats::default(),
         last_status: 0,
+        last_hit: false,
         router: None,
     };
     if let End::Error(status) = conn.run().await {
@@ -282,6 +290,7 @@ pub(crate) async fn serve_routed<R: Router>(
         shutdown,
         stats: ConnStats::default(),
         last_status: 0,
+        last_hit: false,
         router: Some(router),
     };
     match conn.run().await {
@@ -397,6 +406,7 @@ impl<R: Router> Conn<'_, R> {
 
     fn count_status(&mut self, code: u16) {
         self.last_status = code;
+        self.last_hit = false;
         self.ctx.metrics.count_status(code);
     }
 
@@ -434,7 +444,9 @@ impl<R: Router> Conn<'_, R> {
         if dispatched {
             let bytes = self.produced() - before;
             let status = self.last_status;
+            let hit = self.last_hit;
             if let Some(d) = self.router.as_deref_mut() {
+                d.cache_hit(hit);
                 d.answered(status, bytes);
                 // A connection that ended quietly has flushed everything.
                 if matches!(end, Some(End::Quiet)) {
@@ -459,6 +471,9 @@ impl<R: Router> Conn<'_, R> {
             client_ip.as_deref(),
             &mut req,
         );
+        // The peer says whether its response came from its cache: the switch's policy hears
+        // it of the source, with this response's `Served`.
+        switchyard_http::upstream::ask_cache_report(&mut req);
         // A peer with the same limits would refuse a head that the added fields took over
         // them: such a request is served here instead.
         if !switchyard_http::upstream::forwarded_head_fits(&req, &self.ctx.limits) {
@@ -517,6 +532,7 @@ impl<R: Router> Conn<'_, R> {
         self.stats.requests += 1;
         self.buf.advance(head.head_len);
         self.count_status(meta.status);
+        self.last_hit = switchyard_http::upstream::from_cache(&r.head);
         metrics.forwards.fetch_add(1, Relaxed);
         metrics
             .forward_bytes
@@ -680,16 +696,22 @@ impl<R: Router> Conn<'_, R> {
             }
         };
         match self.ctx.store.resolve(&clean).await {
-            Resolved::Memory { object, .. } => {
+            Resolved::Memory { object, hit } => {
                 let src = match &object.content {
                     Content::Inline(b) => Source::Memory(b.clone()),
                     Content::Sealed(_) => Source::File(SendSource::Cached(object.clone())),
                 };
-                self.entity(head, keep, &object.info, src)
+                let body = self.entity(head, keep, &object.info, src, hit);
+                self.last_hit = hit;
+                body
             }
-            Resolved::File(file, info) => {
-                self.entity(head, keep, &info, Source::File(SendSource::Disk(file)))
-            }
+            Resolved::File(file, info) => self.entity(
+                head,
+                keep,
+                &info,
+                Source::File(SendSource::Disk(file)),
+                false,
+            ),
             Resolved::Redirect(location) => {
                 let query = head.target.find('?').map_or("", |i| &head.target[i..]);
                 let location = format!("{location}{query}");
@@ -721,9 +743,20 @@ impl<R: Router> Conn<'_, R> {
         }
     }
 
-    /// A 200, 206, 304 or 416 for an existing file.
-    fn entity(&mut self, head: &RequestHead, keep: bool, info: &FileInfo, src: Source) -> Body {
+    /// A 200, 206, 304 or 416 for an existing file; `hit` when it came from the memory cache
+    /// (told to a relaying switch that asks, [`switchyard_http::upstream::CACHE_HEADER`]).
+    fn entity(
+        &mut self,
+        head: &RequestHead,
+        keep: bool,
+        info: &FileInfo,
+        src: Source,
+        hit: bool,
+    ) -> Body {
         let http10 = head.version == Version::Http10;
+        let cache_answer = head
+            .cache_report
+            .then_some(if hit { "hit" } else { "miss" });
         let not_modified = match (&head.if_none_match, &head.if_modified_since) {
             (Some(inm), _) => none_match(inm, &info.etag),
             (None, Some(ims)) => not_modified_since(ims, info.mtime),
@@ -731,13 +764,15 @@ impl<R: Router> Conn<'_, R> {
         };
         if not_modified {
             with_date(|date| {
-                ResponseHead::new(&mut self.out, 304)
+                let mut h = ResponseHead::new(&mut self.out, 304)
                     .header("Date", date)
                     .header("Server", "switchyard")
                     .header("ETag", &info.etag)
-                    .header("Last-Modified", &info.last_modified)
-                    .connection(keep, http10)
-                    .finish()
+                    .header("Last-Modified", &info.last_modified);
+                if let Some(v) = cache_answer {
+                    h = h.header(switchyard_http::upstream::CACHE_HEADER, v);
+                }
+                h.connection(keep, http10).finish()
             });
             self.count_status(304);
             return Body::Empty;
@@ -774,6 +809,9 @@ impl<R: Router> Conn<'_, R> {
                 .header("Accept-Ranges", "bytes");
             if let Some(cr) = &content_range {
                 h = h.header("Content-Range", cr);
+            }
+            if let Some(v) = cache_answer {
+                h = h.header(switchyard_http::upstream::CACHE_HEADER, v);
             }
             h.content_length(len).connection(keep, http10).finish()
         });

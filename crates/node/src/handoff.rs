@@ -27,8 +27,8 @@
 //!   `Cancelled` if its `Create` is still unanswered, and ignored otherwise:
 //!   the switch learns from the one answer who serves the connection;
 //! * `Served` follows every response to a request the switch dispatched (the
-//!   first one, and each one answered by `Routed`), `Closed` the end of the
-//!   connection;
+//!   first one, and each one answered by `Routed`), saying whether its body
+//!   came from the memory cache; `Closed` the end of the connection;
 //! * with `route`, each later request is first announced with `Route`, and
 //!   the switch's `Routed` says to serve it here, to fetch it from another
 //!   node (back-end forwarding, [`crate::forward`]) or to give the connection
@@ -832,8 +832,10 @@ pub(crate) struct Dispatch {
     skip_next: bool,
     ctl: Arc<Control>,
     metrics: Arc<NodeMetrics>,
-    /// A dispatched response produced and not yet written: (status, bytes).
-    served: Option<(u16, u64)>,
+    /// A dispatched response produced and not yet written: (status, bytes, from the cache).
+    served: Option<(u16, u64, bool)>,
+    /// Whether the response about to be reported came from the memory cache.
+    hit: bool,
 }
 
 impl Dispatch {
@@ -852,6 +854,7 @@ impl Dispatch {
             ctl,
             metrics,
             served: None,
+            hit: false,
         }
     }
 
@@ -939,16 +942,21 @@ impl Router for Dispatch {
 
     /// Remembers a dispatched response until it is written.
     fn answered(&mut self, status: u16, bytes: u64) {
-        self.served = Some((status, bytes));
+        self.served = Some((status, bytes, std::mem::take(&mut self.hit)));
+    }
+
+    fn cache_hit(&mut self, hit: bool) {
+        self.hit = hit;
     }
 
     /// Everything produced has been written: report a pending response.
     fn flushed(&mut self) {
-        if let Some((status, bytes)) = self.served.take() {
+        if let Some((status, bytes, from_cache)) = self.served.take() {
             self.ctl.send(Message::Served {
                 id: self.id,
                 status,
                 bytes,
+                from_cache,
             });
         }
     }
@@ -1028,6 +1036,7 @@ mod tests {
                 d.route(&head("/b")).await,
                 Step::Local { dispatched: false }
             ));
+            d.cache_hit(true);
             d.answered(200, 10);
             d.flushed();
             d.flushed();
@@ -1037,7 +1046,8 @@ mod tests {
                 Message::Served {
                     id: 9,
                     status: 200,
-                    bytes: 10
+                    bytes: 10,
+                    from_cache: true,
                 }
             );
             assert!(out.try_recv().is_err());

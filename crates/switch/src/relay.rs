@@ -66,6 +66,8 @@ struct Choice {
 struct Exchanged {
     status: u16,
     bytes: u64,
+    /// The node says its body came from its memory cache.
+    from_cache: bool,
     /// The client connection may carry another request.
     keep: bool,
 }
@@ -236,6 +238,9 @@ impl Client {
             && !self.stopping();
         let ip = gen.cfg.forwarded_for.then_some(self.peer_ip.as_str());
         resp::forward_request_head(&self.buf[..head.head_len], http10, ip, fwd);
+        // The node is asked whether its response comes from its memory cache; the policy
+        // learns it with the outcome.
+        resp::ask_cache_report(fwd);
         // What the switch adds may take a head over the limits a node applies (the switch's
         // own): such a head is refused here with the 431 the node would give, never forwarded.
         // Handed off, the head travels as the client sent it, so only relaying is refused.
@@ -324,7 +329,7 @@ impl Client {
                 .await;
             backend.active.fetch_sub(1, Relaxed);
             let outcome = match &r {
-                Ok(x) => Outcome::ok(x.status, x.bytes, false),
+                Ok(x) => Outcome::ok(x.status, x.bytes, x.from_cache),
                 Err(_) => Outcome::failed(),
             };
             if let Some(n) = choice.policy_node {
@@ -585,6 +590,7 @@ impl Client {
         }
         // A drain that started while the node worked closes the connection after this response.
         let client_keep = keep && meta.body != BodyLength::UntilClose && !self.stopping();
+        let from_cache = resp::from_cache(&r.head);
         self.out.clear();
         resp::client_response_head(&r.head, client_keep, http10, &mut self.out);
         let head_bytes = self.out.len() as u64;
@@ -614,6 +620,7 @@ impl Client {
                 Ok(Exchanged {
                     status: meta.status,
                     bytes: head_bytes + done.body,
+                    from_cache,
                     keep: client_keep,
                 })
             }
