@@ -414,7 +414,10 @@ mod tests {
         assert!(a.serves(&head(
             "POST /app/x HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n"
         )));
-        assert!(!a.serves(&head("CONNECT /app/x HTTP/1.1\r\nHost: h\r\n\r\n")));
+        // A tunnel is never made, whatever the patterns.
+        let all = app(&["*"]);
+        assert!(all.serves(&head("OPTIONS /x HTTP/1.1\r\nHost: h\r\n\r\n")));
+        assert!(!all.serves(&head("CONNECT h:443 HTTP/1.1\r\nHost: h:443\r\n\r\n")));
     }
 
     /// Timeouts are 504, refusals and broken connections 502, a shortage here 503.
