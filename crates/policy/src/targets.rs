@@ -25,6 +25,15 @@ pub(crate) struct Entry {
     /// Last time the member set changed (`lard-r`'s `lastMod`).
     pub last_mod: Duration,
     referenced: bool,
+    /// What the members said about their caches; only allocated once one said anything (the
+    /// table holds up to a million entries, most of them never reported on without
+    /// `cache_feedback`).
+    marks: Option<Box<Marks>>,
+}
+
+/// What the members of one entry said about their caches.
+#[derive(Debug, Clone, Default)]
+struct Marks {
     /// Members that served the target from their cache since they became members.
     hit_by: Vec<u32>,
     /// Members that served it from their cache, then without: they lost it.
@@ -34,7 +43,9 @@ pub(crate) struct Entry {
 impl Entry {
     /// Whether member `slot` is known to have lost the target from its cache.
     pub fn lost(&self, slot: usize) -> bool {
-        self.lost_by.contains(&(slot as u32))
+        self.marks
+            .as_ref()
+            .is_some_and(|m| m.lost_by.contains(&(slot as u32)))
     }
 
     /// Members that still hold the target as far as is known.
@@ -79,8 +90,10 @@ impl Counts {
     pub fn remove(&mut self, e: &mut Entry, slot: usize) {
         if let Some(pos) = e.members.iter().position(|&s| s as usize == slot) {
             e.members.swap_remove(pos);
-            e.hit_by.retain(|&s| s as usize != slot);
-            e.lost_by.retain(|&s| s as usize != slot);
+            if let Some(m) = &mut e.marks {
+                m.hit_by.retain(|&s| s as usize != slot);
+                m.lost_by.retain(|&s| s as usize != slot);
+            }
             self.per_node[slot] -= 1;
             if e.members.is_empty() {
                 self.mapped -= 1;
@@ -186,15 +199,21 @@ impl TargetTable {
             return false;
         }
         if outcome.from_cache {
-            if !e.hit_by.contains(&s) {
-                e.hit_by.push(s);
+            let marks = e.marks.get_or_insert_with(Box::default);
+            if !marks.hit_by.contains(&s) {
+                marks.hit_by.push(s);
             }
-            e.lost_by.retain(|&m| m != s);
+            marks.lost_by.retain(|&m| m != s);
             false
-        } else if let Some(i) = e.hit_by.iter().position(|&m| m == s) {
-            e.hit_by.swap_remove(i);
-            e.lost_by.push(s);
-            true
+        } else if let Some(marks) = &mut e.marks {
+            match marks.hit_by.iter().position(|&m| m == s) {
+                Some(i) => {
+                    marks.hit_by.swap_remove(i);
+                    marks.lost_by.push(s);
+                    true
+                }
+                None => false,
+            }
         } else {
             false
         }
@@ -399,5 +418,15 @@ mod tests {
         a.end(c1);
         assert_eq!(a.pop(c1), None);
         assert_eq!(a.pop(c2).as_deref(), Some("/y"));
+    }
+
+    /// An entry nobody reported on carries no marks.
+    #[test]
+    fn entries_stay_small() {
+        assert!(
+            std::mem::size_of::<Entry>() <= 56,
+            "{}",
+            std::mem::size_of::<Entry>()
+        );
     }
 }
