@@ -8,7 +8,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use switchyard_switch::response::{
-    client_response_head, forward_request_head, parse, BodyLength, ResponseError, MAX_HEADERS,
+    ask_cache_report, client_response_head, forward_request_head, from_cache, parse, BodyLength,
+    ResponseError, MAX_HEADERS,
 };
 
 /// Header lines of a head (the lines between the status line and the blank line).
@@ -36,8 +37,11 @@ fuzz_target!(|data: &[u8]| {
             if m.body == BodyLength::UntilClose {
                 assert!(!m.keep_alive);
             }
+            // The node's cache answer is read, and never reaches the client.
+            let _ = from_cache(&data[..m.head_len]);
             let mut out = Vec::new();
             client_response_head(&data[..m.head_len], m.keep_alive, false, &mut out);
+            assert!(!from_cache(&out));
             let again = match parse(&out, head_request, usize::MAX) {
                 Ok(again) => again.expect("rewritten head is complete"),
                 // The rewrite may add one header (`Connection: close`): a node head already at
@@ -64,14 +68,22 @@ fuzz_target!(|data: &[u8]| {
         let mut out = Vec::new();
         let http10 = h.version == switchyard_http::request::Version::Http10;
         forward_request_head(&data[..h.head_len], http10, Some("192.0.2.1"), &mut out);
+        // A client's own cache question never crosses; the switch's always does.
+        let asked_by_client = matches!(
+            switchyard_http::request::parse(&out, &limits),
+            Ok(switchyard_http::request::ParseOutcome::Complete(f)) if f.cache_report
+        );
+        assert!(!asked_by_client);
+        ask_cache_report(&mut out);
         match switchyard_http::request::parse(&out, &limits) {
             Ok(switchyard_http::request::ParseOutcome::Complete(f)) => {
                 assert_eq!(f.framing, h.framing);
                 assert_eq!(f.target, h.target);
                 assert_eq!(f.head_len, out.len());
+                assert!(f.cache_report);
             }
-            // One more header (X-Forwarded-For) may cross the header-count or size limit: the
-            // node then refuses it with 431, which is safe.
+            // Two more headers (X-Forwarded-For, X-Switchyard-Relay) may cross the header-count
+            // or size limit: the node then refuses it with 431, which is safe.
             Err(e) if e.status() == 431 => {}
             other => panic!("forwarded head refused: {other:?}"),
         }

@@ -18,6 +18,9 @@ pub struct FileConfig {
     pub rescue: Option<switchyard_node::RescueConfig>,
     /// `[switch]`: the layer-7 switch.
     pub switch: Option<switchyard_switch::SwitchConfig>,
+    /// `[dynamic]`: paths a node forwards to its application server; a switch running `cap`
+    /// puts them in the service class `dynamic`.
+    pub dynamic: Option<switchyard_node::DynamicConfig>,
     /// `[log]`: logging.
     #[serde(default)]
     pub log: LogConfig,
@@ -49,6 +52,9 @@ impl FileConfig {
         let cfg: FileConfig = toml::from_str(text)?;
         if !matches!(cfg.log.format.as_str(), "text" | "json") {
             anyhow::bail!("log.format must be \"text\" or \"json\"");
+        }
+        if let Some(d) = &cfg.dynamic {
+            d.validate().map_err(|e| anyhow::anyhow!(e))?;
         }
         Ok(cfg)
     }
@@ -146,6 +152,31 @@ mod tests {
             switchyard_node::config::RescueProxyConfig::default()
         );
         assert!(FileConfig::parse("[rescue]\nserver_name = \"a.b\"\n").is_err());
+    }
+
+    /// The example's commented `[dynamic]` table, switched on, is valid, with the defaults it
+    /// shows; a bad pattern in it is an error naming the pattern.
+    #[test]
+    fn example_dynamic_table_parses() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../switchyard.example.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let start = text.find("# [dynamic]").expect("a [dynamic] example");
+        let table: String = text[start..]
+            .lines()
+            .take_while(|l| l.starts_with('#'))
+            .map(|l| l.strip_prefix("# ").unwrap_or(l))
+            .filter(|l| !l.starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let cfg = FileConfig::parse(&table).unwrap();
+        let d = cfg.dynamic.expect("the [dynamic] table");
+        assert_eq!(d.upstream.to_string(), "127.0.0.1:3000");
+        assert_eq!(d.paths, ["/app/", "/api/*", "*.php"]);
+        let defaults = switchyard_node::DynamicConfig::new(d.upstream, d.paths.clone());
+        assert_eq!(d, defaults);
+        let e = FileConfig::parse("[dynamic]\nupstream = \"127.0.0.1:8000\"\npaths = [\"/a*b\"]\n")
+            .unwrap_err();
+        assert!(format!("{e:#}").contains("/a*b"), "{e:#}");
     }
 
     #[test]

@@ -152,6 +152,7 @@ impl NodeArgs {
 /// Run a node until SIGINT/SIGTERM.
 pub fn run(args: NodeArgs, file: &FileConfig) -> anyhow::Result<()> {
     let mut cfg = args.merge(file.node.clone().unwrap_or_default());
+    cfg.dynamic = file.dynamic.clone();
     if args.cooperative {
         cfg.cluster = Some(cluster(&args, file)?);
     } else if file.cluster.is_some() {

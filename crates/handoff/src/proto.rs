@@ -264,6 +264,9 @@ pub enum Message {
         status: u16,
         /// Response bytes sent.
         bytes: u64,
+        /// The response's body came from the node's memory cache (a hit): the policy learns
+        /// what the node holds.
+        from_cache: bool,
     },
     /// Switch → node: the switch gave up waiting for the answer to the
     /// `Create` with this id. A node that has not answered it yet answers
@@ -498,10 +501,16 @@ impl Message {
                     RouteAction::HandBack => o.push(ACTION_HANDBACK),
                 }
             }
-            Message::Served { id, status, bytes } => {
+            Message::Served {
+                id,
+                status,
+                bytes,
+                from_cache,
+            } => {
                 put_u64(o, *id);
                 put_u16(o, *status);
                 put_u64(o, *bytes);
+                o.push(u8::from(*from_cache));
             }
             Message::Replica(r) => {
                 put_bytes(o, r.target.as_bytes(), "target", MAX_TARGET)?;
@@ -593,6 +602,11 @@ impl Message {
                 id: r.u64("id")?,
                 status: r.u16("status")?,
                 bytes: r.u64("bytes")?,
+                from_cache: match r.u8("from_cache")? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(ProtoError::Invalid("from_cache")),
+                },
             },
             op::CANCEL => Message::Cancel { id: r.u64("id")? },
             op::REPLICA => Message::Replica(Box::new(ReplicaObject {
@@ -968,6 +982,7 @@ mod tests {
                 id: 3,
                 status: 200,
                 bytes: 1234,
+                from_cache: true,
             },
         ] {
             let f = m.to_frame().unwrap();

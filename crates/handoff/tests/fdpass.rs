@@ -214,6 +214,7 @@ async fn batches_arrive_in_order_and_a_bad_frame_spoils_only_itself() {
             id: 1,
             status: 200,
             bytes: 10,
+            from_cache: false,
         },
         // Too long a detail: cannot be encoded.
         Message::Drop {

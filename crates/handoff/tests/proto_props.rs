@@ -122,10 +122,13 @@ fn message() -> impl Strategy<Value = Message> {
             seq,
             action
         }),
-        any::<(u64, u16, u64)>().prop_map(|(id, status, bytes)| Message::Served {
-            id,
-            status,
-            bytes
+        any::<(u64, u16, u64, bool)>().prop_map(|(id, status, bytes, from_cache)| {
+            Message::Served {
+                id,
+                status,
+                bytes,
+                from_cache,
+            }
         }),
         any::<u64>().prop_map(|id| Message::Accepted { id }),
         any::<u64>().prop_map(|id| Message::Cancel { id }),

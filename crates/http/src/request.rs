@@ -129,6 +129,10 @@ pub struct RequestHead {
     pub range: Option<String>,
     pub if_range: Option<String>,
     pub cookie: Option<String>,
+    /// The request came through a relaying switch that asks whether the response came from
+    /// the node's memory cache ([`crate::upstream::RELAY_HEADER`]); the node answers in
+    /// [`crate::upstream::CACHE_HEADER`], which the switch removes.
+    pub cache_report: bool,
     /// Length in bytes of the head, including the blank line ending it.
     pub head_len: usize,
 }
@@ -249,6 +253,7 @@ pub fn parse(buf: &[u8], limits: &Limits) -> Result<ParseOutcome, RequestError> 
         range: None,
         if_range: None,
         cookie: None,
+        cache_report: false,
         head_len,
     };
     validate_target(head.method, target)?;
@@ -298,6 +303,8 @@ pub fn parse(buf: &[u8], limits: &Limits) -> Result<ParseOutcome, RequestError> 
             } else {
                 return Err(RequestError::ExpectationFailed);
             }
+        } else if name.eq_ignore_ascii_case(crate::upstream::RELAY_HEADER) {
+            head.cache_report = true;
         } else if name.eq_ignore_ascii_case("if-none-match") {
             head.if_none_match.get_or_insert(text(value)?.to_owned());
         } else if name.eq_ignore_ascii_case("if-modified-since") {

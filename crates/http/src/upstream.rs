@@ -15,6 +15,14 @@ use thiserror::Error;
 /// Most headers a node response may carry.
 pub const MAX_HEADERS: usize = 100;
 
+/// Request field a relaying switch adds to ask the node whether its response comes from the
+/// memory cache. Never forwarded as a client sent it.
+pub const RELAY_HEADER: &str = "X-Switchyard-Relay";
+
+/// Response field in which a node answers [`RELAY_HEADER`]: `hit` (the body came from the
+/// memory cache) or `miss`. Never passed on to a client.
+pub const CACHE_HEADER: &str = "X-Switchyard-Cache";
+
 /// How a response body is delimited.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BodyLength {
@@ -213,8 +221,9 @@ fn value_of(line: &[u8]) -> &[u8] {
 /// Hop-by-hop fields (RFC 9110 §7.6.1) that never cross the switch: the switch keeps its own
 /// connections on both sides.
 /// `Expect` is answered by the switch itself (it reads the whole body before forwarding).
+/// The switch's own fields ([`RELAY_HEADER`], [`CACHE_HEADER`]) belong to one hop too.
 fn hop_by_hop(name: &[u8]) -> bool {
-    const HOP: [&[u8]; 7] = [
+    const HOP: [&[u8]; 9] = [
         b"connection",
         b"keep-alive",
         b"proxy-connection",
@@ -222,6 +231,8 @@ fn hop_by_hop(name: &[u8]) -> bool {
         b"upgrade",
         b"trailer",
         b"expect",
+        b"x-switchyard-relay",
+        b"x-switchyard-cache",
     ];
     HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
 }
@@ -306,6 +317,24 @@ pub fn forward_request_head(
         out.extend_from_slice(b"Connection: keep-alive\r\n");
     }
     out.extend_from_slice(b"\r\n");
+}
+
+/// Add [`RELAY_HEADER`] to a head written by [`forward_request_head`]: the node is asked to
+/// say in [`CACHE_HEADER`] whether its response came from its memory cache.
+pub fn ask_cache_report(out: &mut Vec<u8>) {
+    debug_assert!(out.ends_with(b"\r\n\r\n"));
+    out.truncate(out.len() - 2);
+    out.extend_from_slice(RELAY_HEADER.as_bytes());
+    out.extend_from_slice(b": 1\r\n\r\n");
+}
+
+/// Whether a response head accepted by [`parse`] says, in [`CACHE_HEADER`], that its body came
+/// from the node's memory cache.
+pub fn from_cache(head: &[u8]) -> bool {
+    lines(head).skip(1).any(|l| {
+        name_of(l).eq_ignore_ascii_case(CACHE_HEADER.as_bytes())
+            && value_of(l).eq_ignore_ascii_case(b"hit")
+    })
 }
 
 /// Whether a head written by [`forward_request_head`] stays within `limits` and the header
@@ -535,5 +564,33 @@ mod tests {
                 proptest::prop_assert!(out.ends_with(b"\r\n\r\n"));
             }
         }
+    }
+
+    /// The switch's own fields never cross it as someone else sent them; the node's cache
+    /// answer is read, then removed from the client's head.
+    #[test]
+    fn cache_report_fields_stay_on_their_hop() {
+        let mut out = Vec::new();
+        forward_request_head(
+            b"GET /a HTTP/1.1\r\nHost: h\r\nX-Switchyard-Relay: 1\r\n\r\n",
+            false,
+            None,
+            &mut out,
+        );
+        assert_eq!(out, b"GET /a HTTP/1.1\r\nHost: h\r\n\r\n");
+        ask_cache_report(&mut out);
+        assert_eq!(
+            out,
+            b"GET /a HTTP/1.1\r\nHost: h\r\nX-Switchyard-Relay: 1\r\n\r\n"
+        );
+        let head = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nx-switchyard-cache: HIT\r\n\r\n";
+        assert!(from_cache(head));
+        assert!(!from_cache(
+            b"HTTP/1.1 200 OK\r\nX-Switchyard-Cache: miss\r\n\r\n"
+        ));
+        assert!(!from_cache(b"HTTP/1.1 200 OK\r\nX-Other: hit\r\n\r\n"));
+        let mut client = Vec::new();
+        client_response_head(head, true, false, &mut client);
+        assert_eq!(client, b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
     }
 }

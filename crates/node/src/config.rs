@@ -88,6 +88,94 @@ pub struct NodeConfig {
     /// not serve 421. Set from the top-level `[rescue]` table, not from `[node]`.
     #[serde(skip)]
     pub rescue: Option<switchyard_rescue::RescueConfig>,
+    /// Dynamic content: paths forwarded to a local application server. Set from the
+    /// top-level `[dynamic]` table (which a switch reads too), not from `[node]`.
+    #[serde(skip)]
+    pub dynamic: Option<DynamicConfig>,
+}
+
+/// `[dynamic]`: requests for these paths are forwarded to an application server on the node's
+/// host over pooled keep-alive connections, their bodies streamed both ways; everything else
+/// is served from the document root as before.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DynamicConfig {
+    /// The application server: any HTTP/1.1 server, normally on this host.
+    pub upstream: SocketAddr,
+    /// The paths it serves, in the grammar of `cap`'s service classes: `/app/` or `/app/*`
+    /// (prefix), `*.php` (suffix), `*search*` (substring), `=/exact`, `*` (everything).
+    /// Matched against the normalized path (percent-decoding and dot segments resolved), the
+    /// query excluded; the request goes out with its target as the client sent it.
+    pub paths: Vec<String>,
+    /// Time allowed to connect to the application server; a timeout is answered 504, a
+    /// refused connection 502.
+    #[serde(default = "default_dynamic_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// Time allowed for each wait on the application server: taking the next bytes of the
+    /// request, sending its response head, each read of its response body. A response head
+    /// that does not come in time is answered 504.
+    #[serde(default = "default_dynamic_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Idle keep-alive connections kept per worker thread.
+    #[serde(default = "default_dynamic_max_idle")]
+    pub max_idle: usize,
+    /// Append the client's address to `X-Forwarded-For`.
+    #[serde(default = "default_true")]
+    pub forwarded_for: bool,
+}
+
+fn default_dynamic_connect_timeout_ms() -> u64 {
+    1000
+}
+
+fn default_dynamic_timeout_ms() -> u64 {
+    30_000
+}
+
+fn default_dynamic_max_idle() -> usize {
+    32
+}
+
+fn default_true() -> bool {
+    true
+}
+
+impl DynamicConfig {
+    /// Forward `paths` to the application server at `upstream`, other settings at their
+    /// defaults.
+    pub fn new(upstream: SocketAddr, paths: Vec<String>) -> Self {
+        DynamicConfig {
+            upstream,
+            paths,
+            connect_timeout_ms: default_dynamic_connect_timeout_ms(),
+            timeout_ms: default_dynamic_timeout_ms(),
+            max_idle: default_dynamic_max_idle(),
+            forwarded_for: true,
+        }
+    }
+
+    /// The path patterns, parsed.
+    pub fn patterns(&self) -> Result<Vec<switchyard_policy::UrlPattern>, String> {
+        self.paths
+            .iter()
+            .map(|p| {
+                switchyard_policy::UrlPattern::parse("dynamic", p)
+                    .map_err(|e| format!("[dynamic] paths: {e}"))
+            })
+            .collect()
+    }
+
+    /// Checks the table: at least one valid path pattern, positive timeouts.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.paths.is_empty() {
+            return Err("[dynamic]: `paths` lists no path".into());
+        }
+        self.patterns()?;
+        if self.connect_timeout_ms == 0 || self.timeout_ms == 0 {
+            return Err("[dynamic]: connect_timeout_ms and timeout_ms must be positive".into());
+        }
+        Ok(())
+    }
 }
 
 /// `[cluster]`: the members of a cooperative cluster (seed 000). The same table serves every
@@ -286,6 +374,7 @@ impl Default for NodeConfig {
             handoff_vip: None,
             cluster: None,
             rescue: None,
+            dynamic: None,
         }
     }
 }
@@ -314,5 +403,29 @@ mod tests {
         assert!(node.handoff_unix.is_some());
         assert!(node.handoff_listen.is_some());
         assert_eq!(NodeConfig::default().handoff_unix, None);
+    }
+
+    /// `[dynamic]` needs an upstream and paths; the rest has defaults; bad patterns and
+    /// zero timeouts are refused with the key named.
+    #[test]
+    fn dynamic_table() {
+        let d: DynamicConfig =
+            toml::from_str("upstream = \"127.0.0.1:9\"\npaths = [\"/app/\", \"*.php\"]\n").unwrap();
+        assert_eq!(d, DynamicConfig::new(d.upstream, d.paths.clone()));
+        d.validate().unwrap();
+        assert_eq!(d.patterns().unwrap().len(), 2);
+        assert!(toml::from_str::<DynamicConfig>("paths = [\"/app/\"]\n").is_err());
+        assert!(toml::from_str::<DynamicConfig>(
+            "upstream = \"127.0.0.1:9\"\npaths = []\nretries = 2\n"
+        )
+        .is_err());
+        let bad = |f: &dyn Fn(&mut DynamicConfig)| {
+            let mut c = d.clone();
+            f(&mut c);
+            c.validate().unwrap_err()
+        };
+        assert!(bad(&|c| c.paths.clear()).contains("paths"));
+        assert!(bad(&|c| c.paths.push("/a*b".into())).contains("/a*b"));
+        assert!(bad(&|c| c.timeout_ms = 0).contains("timeout_ms"));
     }
 }

@@ -18,6 +18,11 @@
 //! is complete and once it is written. The loop knows nothing of switches or
 //! control connections: `crate::handoff` implements the router. Ordinary
 //! accepted connections carry no router and take the same path as before.
+//!
+//! Requests for the paths of `[dynamic]` go to the application server
+//! ([`dynamic`]) on whichever connection they arrive, routed or not.
+
+mod dynamic;
 
 use std::cell::RefCell;
 use std::fs::File;
@@ -53,6 +58,7 @@ use switchyard_runtime::shed::WaitingClients;
 // The rescue server's requests (`crate::rescue`), answered with the loop's own helpers.
 #[path = "rescue/serve.rs"]
 mod rescue_serve;
+pub(crate) use dynamic::Dynamic;
 
 /// Buffered responses are flushed once this much is pending.
 const FLUSH_AT: usize = 64 * 1024;
@@ -72,6 +78,8 @@ pub(crate) struct Ctx {
     pub(crate) replication: Option<Arc<crate::replica::Replication>>,
     /// The rescue server's virtual hosts and proxy, on a node with a `[rescue]` table.
     pub(crate) rescue: Option<Arc<crate::rescue::RescueProxy>>,
+    /// The application server for dynamic paths, if `[dynamic]` is configured.
+    pub(crate) dynamic: Option<Dynamic>,
 }
 
 /// What the loop does with a request of a routed connection.
@@ -107,6 +115,11 @@ pub(crate) trait Router: Send {
     /// The response to a dispatched request is complete in the output:
     /// its status and length.
     fn answered(&mut self, status: u16, bytes: u64);
+
+    /// Whether the body of the response about to be reported by
+    /// [`Router::answered`] came from the memory cache (told just before it,
+    /// for a router that passes it on).
+    fn cache_hit(&mut self, _hit: bool) {}
 
     /// Everything produced so far has been written to the client.
     fn flushed(&mut self);
@@ -187,6 +200,8 @@ struct Conn<'a, R: Router> {
     stats: ConnStats,
     /// Status of the last response produced.
     last_status: u16,
+    /// Whether the body of the last response produced came from the memory cache.
+    last_hit: bool,
     /// Set on routed connections (handed in by a switch).
     router: Option<&'a mut R>,
     /// The object the request being answered is served from, when its router chose one.
@@ -259,6 +274,7 @@ pub(crate) async fn serve(
         shutdown,
         stats: ConnStats::default(),
         last_status: 0,
+        last_hit: false,
         router: None,
         replica: None,
     };
@@ -286,6 +302,7 @@ pub(crate) async fn serve_routed<R: Router>(
         shutdown,
         stats: ConnStats::default(),
         last_status: 0,
+        last_hit: false,
         router: Some(router),
         replica: None,
     };
@@ -402,6 +419,7 @@ impl<R: Router> Conn<'_, R> {
 
     fn count_status(&mut self, code: u16) {
         self.last_status = code;
+        self.last_hit = false;
         self.ctx.metrics.count_status(code);
     }
 
@@ -426,10 +444,13 @@ impl<R: Router> Conn<'_, R> {
                 }
                 return Some(End::Moved);
             }
-            Step::Forward(peer) if forwardable(&head) => match self.forward(&head, peer).await {
-                Forwarded::Done(end) => (end, true),
-                Forwarded::NotSent => (self.handle(head).await, true),
-            },
+            // A dynamic request is answered by this node's own application server.
+            Step::Forward(peer) if forwardable(&head) && !self.is_dynamic(&head) => {
+                match self.forward(&head, peer).await {
+                    Forwarded::Done(end) => (end, true),
+                    Forwarded::NotSent => (self.handle(head).await, true),
+                }
+            }
             Step::Forward(_) => (self.handle(head).await, true),
             Step::Local { dispatched } => (self.handle(head).await, dispatched),
             Step::Replica(object) => {
@@ -442,7 +463,9 @@ impl<R: Router> Conn<'_, R> {
         if dispatched {
             let bytes = self.produced() - before;
             let status = self.last_status;
+            let hit = self.last_hit;
             if let Some(d) = self.router.as_deref_mut() {
+                d.cache_hit(hit);
                 d.answered(status, bytes);
                 // A connection that ended quietly has flushed everything.
                 if matches!(end, Some(End::Quiet)) {
@@ -467,6 +490,9 @@ impl<R: Router> Conn<'_, R> {
             client_ip.as_deref(),
             &mut req,
         );
+        // The peer says whether its response came from its cache: the switch's policy hears
+        // it of the source, with this response's `Served`.
+        switchyard_http::upstream::ask_cache_report(&mut req);
         // A peer with the same limits would refuse a head that the added fields took over
         // them: such a request is served here instead.
         if !switchyard_http::upstream::forwarded_head_fits(&req, &self.ctx.limits) {
@@ -525,6 +551,7 @@ impl<R: Router> Conn<'_, R> {
         self.stats.requests += 1;
         self.buf.advance(head.head_len);
         self.count_status(meta.status);
+        self.last_hit = switchyard_http::upstream::from_cache(&r.head);
         metrics.forwards.fetch_add(1, Relaxed);
         metrics
             .forward_bytes
@@ -539,8 +566,24 @@ impl<R: Router> Conn<'_, R> {
         Forwarded::Done(None)
     }
 
+    /// Whether the request goes to the application server.
+    fn is_dynamic(&self, head: &RequestHead) -> bool {
+        self.ctx.dynamic.as_ref().is_some_and(|d| d.serves(head))
+    }
+
     /// Answer one request; `Some` ends the connection.
     async fn handle(&mut self, head: RequestHead) -> Option<End> {
+        let ctx = self.ctx;
+        // The application server serves this site's own names only: on a rescue server, the
+        // names of the origins it rescues (and names it does not serve) go to the proxy below.
+        let own_site = || ctx.rescue.as_ref().is_none_or(|r| r.is_own(&head));
+        if let Some(app) = ctx
+            .dynamic
+            .as_ref()
+            .filter(|d| d.serves(&head) && own_site())
+        {
+            return self.dynamic(head, app).await;
+        }
         let started = Instant::now();
         self.stats.requests += 1;
         self.buf.advance(head.head_len);
@@ -688,16 +731,22 @@ impl<R: Router> Conn<'_, R> {
             None => self.ctx.store.resolve(&clean).await,
         };
         match resolved {
-            Resolved::Memory { object, .. } => {
+            Resolved::Memory { object, hit } => {
                 let src = match &object.content {
                     Content::Inline(b) => Source::Memory(b.clone()),
                     Content::Sealed(_) => Source::File(SendSource::Cached(object.clone())),
                 };
-                self.entity(head, keep, &object.info, src)
+                let body = self.entity(head, keep, &object.info, src, hit);
+                self.last_hit = hit;
+                body
             }
-            Resolved::File(file, info) => {
-                self.entity(head, keep, &info, Source::File(SendSource::Disk(file)))
-            }
+            Resolved::File(file, info) => self.entity(
+                head,
+                keep,
+                &info,
+                Source::File(SendSource::Disk(file)),
+                false,
+            ),
             Resolved::Redirect(location) => {
                 let query = head.target.find('?').map_or("", |i| &head.target[i..]);
                 let location = format!("{location}{query}");
@@ -729,9 +778,20 @@ impl<R: Router> Conn<'_, R> {
         }
     }
 
-    /// A 200, 206, 304 or 416 for an existing file.
-    fn entity(&mut self, head: &RequestHead, keep: bool, info: &FileInfo, src: Source) -> Body {
+    /// A 200, 206, 304 or 416 for an existing file; `hit` when it came from the memory cache
+    /// (told to a relaying switch that asks, [`switchyard_http::upstream::CACHE_HEADER`]).
+    fn entity(
+        &mut self,
+        head: &RequestHead,
+        keep: bool,
+        info: &FileInfo,
+        src: Source,
+        hit: bool,
+    ) -> Body {
         let http10 = head.version == Version::Http10;
+        let cache_answer = head
+            .cache_report
+            .then_some(if hit { "hit" } else { "miss" });
         let not_modified = match (&head.if_none_match, &head.if_modified_since) {
             (Some(inm), _) => none_match(inm, &info.etag),
             (None, Some(ims)) => not_modified_since(ims, info.mtime),
@@ -739,13 +799,15 @@ impl<R: Router> Conn<'_, R> {
         };
         if not_modified {
             with_date(|date| {
-                ResponseHead::new(&mut self.out, 304)
+                let mut h = ResponseHead::new(&mut self.out, 304)
                     .header("Date", date)
                     .header("Server", "switchyard")
                     .header("ETag", &info.etag)
-                    .header("Last-Modified", &info.last_modified)
-                    .connection(keep, http10)
-                    .finish()
+                    .header("Last-Modified", &info.last_modified);
+                if let Some(v) = cache_answer {
+                    h = h.header(switchyard_http::upstream::CACHE_HEADER, v);
+                }
+                h.connection(keep, http10).finish()
             });
             self.count_status(304);
             return Body::Empty;
@@ -782,6 +844,9 @@ impl<R: Router> Conn<'_, R> {
                 .header("Accept-Ranges", "bytes");
             if let Some(cr) = &content_range {
                 h = h.header("Content-Range", cr);
+            }
+            if let Some(v) = cache_answer {
+                h = h.header(switchyard_http::upstream::CACHE_HEADER, v);
             }
             h.content_length(len).connection(keep, http10).finish()
         });
@@ -947,6 +1012,7 @@ mod tests {
             waiting: Default::default(),
             replication: None,
             rescue: None,
+            dynamic: None,
         })
     }
 
@@ -1017,6 +1083,7 @@ mod tests {
                 waiting: Default::default(),
                 replication: None,
                 rescue: None,
+                dynamic: None,
             });
             let (_tx, rx) = tokio::sync::watch::channel(false);
             let fut = super::serve(ctx, s, rx, bytes::BytesMut::new());

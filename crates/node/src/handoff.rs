@@ -27,8 +27,8 @@
 //!   `Cancelled` if its `Create` is still unanswered, and ignored otherwise:
 //!   the switch learns from the one answer who serves the connection;
 //! * `Served` follows every response to a request the switch dispatched (the
-//!   first one, and each one answered by `Routed`), `Closed` the end of the
-//!   connection;
+//!   first one, and each one answered by `Routed`), saying whether its body
+//!   came from the memory cache; `Closed` the end of the connection;
 //! * with `route`, each later request is first announced with `Route`, and
 //!   the switch's `Routed` says to serve it here, to fetch it from another
 //!   node (back-end forwarding, [`crate::forward`]) or to give the connection
@@ -843,11 +843,13 @@ pub(crate) struct Dispatch {
     skip_next: bool,
     ctl: Arc<Control>,
     metrics: Arc<NodeMetrics>,
-    /// A dispatched response produced and not yet written: (status, bytes).
-    served: Option<(u16, u64)>,
     /// A clone's owner with replication on: what it needs to copy a hot object to the peer
     /// that moved the request here, and the object's key once the request is read.
     replicate: Option<(Arc<Replication>, Arc<Store>, Option<String>)>,
+    /// A dispatched response produced and not yet written: (status, bytes, from the cache).
+    served: Option<(u16, u64, bool)>,
+    /// Whether the response about to be reported came from the memory cache.
+    hit: bool,
 }
 
 impl Dispatch {
@@ -867,6 +869,7 @@ impl Dispatch {
             metrics,
             served: None,
             replicate: None,
+            hit: false,
         }
     }
 
@@ -972,7 +975,7 @@ impl Router for Dispatch {
     /// Remembers a dispatched response until it is written. A clone's answered request for a
     /// hot object sends its copy ahead of the connection's return.
     fn answered(&mut self, status: u16, bytes: u64) {
-        self.served = Some((status, bytes));
+        self.served = Some((status, bytes, std::mem::take(&mut self.hit)));
         if let Some((r, store, key)) = &mut self.replicate {
             if let (Some(k), Some(peer), true) = (key.take(), self.ctl.peer.get(), status < 400) {
                 if let Some(copy) = r.offer(store, &k, peer) {
@@ -982,13 +985,18 @@ impl Router for Dispatch {
         }
     }
 
+    fn cache_hit(&mut self, hit: bool) {
+        self.hit = hit;
+    }
+
     /// Everything produced has been written: report a pending response.
     fn flushed(&mut self) {
-        if let Some((status, bytes)) = self.served.take() {
+        if let Some((status, bytes, from_cache)) = self.served.take() {
             self.ctl.send(Message::Served {
                 id: self.id,
                 status,
                 bytes,
+                from_cache,
             });
         }
     }
@@ -1069,6 +1077,7 @@ mod tests {
                 d.route(&head("/b")).await,
                 Step::Local { dispatched: false }
             ));
+            d.cache_hit(true);
             d.answered(200, 10);
             d.flushed();
             d.flushed();
@@ -1078,7 +1087,8 @@ mod tests {
                 Message::Served {
                     id: 9,
                     status: 200,
-                    bytes: 10
+                    bytes: 10,
+                    from_cache: true,
                 }
             );
             assert!(out.try_recv().is_err());

@@ -19,6 +19,10 @@
 //! the node serves them with the same loop, answers the clients directly,
 //! and reports to the switch over the control connection.
 //!
+//! With `[dynamic]` set, requests for its paths are forwarded to an
+//! application server on the node's host instead (`conn::dynamic`), on
+//! every connection however it arrived.
+//!
 //! In cooperative mode (`cluster`, seed 000) there is no switch: every node
 //! accepts clients, and a request owned by another member moves there with
 //! its connection and comes back once answered (`coop`); hot objects are
@@ -38,7 +42,9 @@
 //!    (`rescue/serve.rs`) is a child module of `conn`;
 //! 4. `conn`: the connection loop, with what every connection shares and
 //!    the `Router` trait through which a handed-in connection is routed
-//!    request by request; it knows nothing of switches or handoffs;
+//!    request by request; it knows nothing of switches or handoffs. Its
+//!    child `conn::dynamic` answers dynamic paths from the application
+//!    server;
 //! 5. `handoff`: the control connections, taking connections in, and the
 //!    router that asks the switch; it serves through `conn`;
 //! 6. `coop`: cooperative mode — the owner map, the control connections
@@ -77,7 +83,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
-pub use config::{ClusterConfig, DiskConfig, Member, NodeConfig};
+pub use config::{ClusterConfig, DiskConfig, DynamicConfig, Member, NodeConfig};
 use conn::Ctx;
 pub use error::NodeError;
 pub use metrics::NodeMetrics;
@@ -267,6 +273,7 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
         waiting: WaitingClients::new(),
         replication,
         rescue: rescue.clone(),
+        dynamic: cfg.dynamic.as_ref().map(conn::Dynamic::new).transpose()?,
     });
     let bind_err = |source| NodeError::Bind {
         addr: cfg.listen,

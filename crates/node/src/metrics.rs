@@ -31,6 +31,75 @@ pub struct NodeMetrics {
     pub response_seconds: Histogram,
     /// Connection handoffs (switch to node) and back-end forwarding.
     pub handoff: HandoffMetrics,
+    /// Requests forwarded to the application server (`[dynamic]`).
+    pub upstream: UpstreamMetrics,
+}
+
+/// Counters of the requests forwarded to the application server (`[dynamic]`).
+#[derive(Debug, Default)]
+pub struct UpstreamMetrics {
+    /// Requests forwarded (each counted once, however it ended).
+    pub requests: AtomicU64,
+    /// New connections opened to the application server (the others were pooled).
+    pub connects: AtomicU64,
+    /// Requests sent once more on a new connection: idempotent ones whose pooled connection
+    /// turned out closed before a byte of response.
+    pub retries: AtomicU64,
+    /// Failures by kind: the connection could not be opened (502), a wait timed out (504),
+    /// the response was refused by the strict parser (502), the connection broke or closed
+    /// (502, or the client's connection closed midway through a response).
+    pub errors: [AtomicU64; UpstreamError::COUNT],
+}
+
+/// Why a request to the application server failed (the label of
+/// `switchyard_node_upstream_errors_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpstreamError {
+    /// Connecting failed (refused, unreachable).
+    Connect,
+    /// Connecting, sending the request or waiting for the response timed out.
+    Timeout,
+    /// A response head or chunked body the strict parser refused.
+    Response,
+    /// The connection broke or was closed before the response was complete.
+    Broken,
+    /// No descriptor or memory here: the application server is not to blame.
+    Local,
+}
+
+impl UpstreamError {
+    /// How many kinds there are.
+    pub const COUNT: usize = 5;
+    const ALL: [UpstreamError; Self::COUNT] = [
+        UpstreamError::Connect,
+        UpstreamError::Timeout,
+        UpstreamError::Response,
+        UpstreamError::Broken,
+        UpstreamError::Local,
+    ];
+
+    /// The label value.
+    pub fn name(self) -> &'static str {
+        match self {
+            UpstreamError::Connect => "connect",
+            UpstreamError::Timeout => "timeout",
+            UpstreamError::Response => "response",
+            UpstreamError::Broken => "broken",
+            UpstreamError::Local => "local",
+        }
+    }
+}
+
+impl UpstreamMetrics {
+    /// Count one failure.
+    pub fn count_error(&self, kind: UpstreamError) {
+        self.errors[kind as usize].fetch_add(1, Relaxed);
+    }
+
+    /// Failures of `kind` so far.
+    pub fn errors_of(&self, kind: UpstreamError) -> u64 {
+        self.errors[kind as usize].load(Relaxed)
+    }
 }
 
 /// Counters of connection handoff: connections handed in by a switch, refusals, hand-backs,
@@ -111,6 +180,7 @@ impl Default for NodeMetrics {
             // 10 µs … ~5 s
             response_seconds: Histogram::new(exponential_buckets(0.000_01, 2.5, 15)),
             handoff: HandoffMetrics::default(),
+            upstream: UpstreamMetrics::default(),
         }
     }
 }
@@ -262,8 +332,41 @@ impl Collector for NodeCollector {
             "Emulated disk reads queued or in service",
             self.store.disk_queue() as i64,
         )?;
-        encode_handoff(&mut enc, &m.handoff)
+        encode_handoff(&mut enc, &m.handoff)?;
+        encode_upstream(&mut enc, &m.upstream)
     }
+}
+
+fn encode_upstream(
+    enc: &mut DescriptorEncoder,
+    u: &UpstreamMetrics,
+) -> Result<(), std::fmt::Error> {
+    counter(
+        enc,
+        "switchyard_node_upstream_requests",
+        "Requests forwarded to the application server ([dynamic])",
+        u.requests.load(Relaxed),
+    )?;
+    counter(
+        enc,
+        "switchyard_node_upstream_connects",
+        "Connections opened to the application server",
+        u.connects.load(Relaxed),
+    )?;
+    counter(
+        enc,
+        "switchyard_node_upstream_retries",
+        "Idempotent requests sent again after a pooled connection closed unanswered",
+        u.retries.load(Relaxed),
+    )?;
+    labelled(
+        enc,
+        "switchyard_node_upstream_errors",
+        "Requests to the application server that failed, by kind",
+        "kind",
+        true,
+        UpstreamError::ALL.map(|k| (k.name().to_owned(), u.errors_of(k))),
+    )
 }
 
 fn encode_handoff(enc: &mut DescriptorEncoder, h: &HandoffMetrics) -> Result<(), std::fmt::Error> {

@@ -82,6 +82,42 @@ fn cache_hits_misses_and_revalidation() {
     assert_eq!(c.get("/b.txt").status, 404);
 }
 
+/// A relaying switch asks (`X-Switchyard-Relay`) whether a response came from the cache and
+/// is told in `X-Switchyard-Cache`; nobody else gets the field.
+#[test]
+fn the_cache_answer_goes_only_to_a_switch_that_asks() {
+    let n = TestNode::start(|r| write(r, "a.txt", b"alpha"), |_| {});
+    let mut c = n.client();
+    let ask = |c: &mut Client, extra: &str| {
+        c.send(format!("GET /a.txt HTTP/1.1\r\nHost: t\r\n{extra}\r\n").as_bytes());
+        c.response(false)
+    };
+    let r = ask(&mut c, "X-Switchyard-Relay: 1\r\n");
+    assert_eq!(
+        (r.status, r.header("X-Switchyard-Cache")),
+        (200, Some("miss"))
+    );
+    let r = ask(&mut c, "X-Switchyard-Relay: 1\r\n");
+    assert_eq!(r.header("X-Switchyard-Cache"), Some("hit"));
+    let r = ask(
+        &mut c,
+        "X-Switchyard-Relay: 1\r\nIf-None-Match: \"nothing\"\r\n",
+    );
+    assert_eq!(r.header("X-Switchyard-Cache"), Some("hit"));
+    let etag = r.header("ETag").unwrap().to_owned();
+    let r = ask(
+        &mut c,
+        &format!("X-Switchyard-Relay: 1\r\nIf-None-Match: {etag}\r\n"),
+    );
+    assert_eq!(
+        (r.status, r.header("X-Switchyard-Cache")),
+        (304, Some("hit"))
+    );
+    assert_eq!(ask(&mut c, "").header("X-Switchyard-Cache"), None);
+    let r = c.raw(b"GET /none HTTP/1.1\r\nHost: t\r\nX-Switchyard-Relay: 1\r\n\r\n");
+    assert_eq!((r.status, r.header("X-Switchyard-Cache")), (404, None));
+}
+
 #[test]
 fn cache_stays_within_budget_and_evicts() {
     let n = TestNode::start(

@@ -183,6 +183,31 @@ fn read_all(client: &mut Client) -> Vec<u8> {
     all
 }
 
+/// `Served` says whether the response came from the node's memory cache: the first handed-in
+/// request for a file reads it from disk, the next one finds it cached.
+#[test]
+fn served_reports_say_whether_the_cache_had_the_response() {
+    let (node, _dir) = node_with_handoff(|r| write(r, "a.txt", b"alpha"), |_| {});
+    let mut sw = Switch::connect(&node);
+    for want in [false, true] {
+        let (id, mut client) = sw.hand_in(&get("/a.txt"), Routing::Own);
+        assert_eq!(client.response(false).body, b"alpha");
+        let (m, _) = sw.recv();
+        let Message::Served {
+            id: sid,
+            status: 200,
+            from_cache,
+            ..
+        } = m
+        else {
+            panic!("expected Served, got {m:?}");
+        };
+        assert_eq!((sid, from_cache), (id, want));
+        drop(client);
+        assert!(matches!(sw.recv().0, Message::Closed { id: cid, .. } if cid == id));
+    }
+}
+
 #[test]
 fn handed_in_connection_is_served_directly_and_reported() {
     let (node, _dir) = node_with_handoff(
@@ -215,7 +240,8 @@ fn handed_in_connection_is_served_directly_and_reported() {
         Message::Served {
             id,
             status: 200,
-            bytes: starts[1] as u64
+            bytes: starts[1] as u64,
+            from_cache: false,
         }
     );
     let (closed, _) = sw.recv();
@@ -305,6 +331,7 @@ fn route_serve_forward_and_hand_back() {
             id: sid,
             status: 200,
             bytes,
+            ..
         } = m
         else {
             panic!("expected Served, got {m:?}");
@@ -609,8 +636,14 @@ fn forwarding_relays_every_framing_and_falls_back_before_the_first_byte() {
     let r = client.response(false);
     assert_eq!(r.status, 200);
     assert!(r.body == big, "large forwarded body differs");
+    // The peer said whether its cache had it (not yet: it read it from disk); the client never
+    // sees that answer.
+    assert_eq!(r.header("X-Switchyard-Cache"), None);
     let (m, _) = sw.recv();
-    assert!(matches!(m, Message::Served { status: 200, bytes, .. } if bytes > 300_000));
+    assert!(
+        matches!(m, Message::Served { status: 200, bytes, from_cache: false, .. } if bytes > 300_000),
+        "{m:?}"
+    );
 
     // HEAD: the head only.
     ask(
@@ -621,7 +654,16 @@ fn forwarding_relays_every_framing_and_falls_back_before_the_first_byte() {
     );
     let r = client.response(true);
     assert_eq!(r.header("Content-Length"), Some("300000"));
-    assert!(matches!(sw.recv().0, Message::Served { status: 200, .. }));
+    assert_eq!(r.header("X-Switchyard-Cache"), None);
+    // Now it came from the peer's cache.
+    assert!(matches!(
+        sw.recv().0,
+        Message::Served {
+            status: 200,
+            from_cache: true,
+            ..
+        }
+    ));
 
     // A chunked answer goes through as chunks; hop-by-hop fields do not.
     let chunked = fake_peer(

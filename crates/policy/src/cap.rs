@@ -11,9 +11,11 @@ use crate::error::PolicyError;
 use crate::rr::rotate;
 use crate::types::{Reject, Request, RequestClass};
 
-/// A URL pattern of a service class, matched against the path (query string excluded).
+/// A URL pattern of a service class, matched against the path (query string excluded). The
+/// same grammar selects the node's dynamic paths (`[dynamic] paths`), so that a switch running
+/// `cap` can put exactly those requests in a class of their own.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Pattern {
+pub enum Pattern {
     /// `/cgi-bin/` or `/cgi-bin/*`.
     Prefix(Box<str>),
     /// `*.cgi`.
@@ -25,7 +27,7 @@ pub(crate) enum Pattern {
 }
 
 impl Pattern {
-    /// Parses a pattern of class `class`.
+    /// Parses a pattern of class `class` (named in the error).
     pub fn parse(class: &str, p: &str) -> Result<Pattern, PolicyError> {
         let bad = |reason| PolicyError::InvalidPattern {
             class: class.to_string(),

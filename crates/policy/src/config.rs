@@ -210,6 +210,13 @@ pub struct PolicyConfig {
     /// serve several virtual hosts from one cluster). Default false.
     #[serde(default)]
     pub host_in_key: bool,
+    /// LARD family: learn from the nodes which responses came from their caches, and treat a
+    /// node that served a target from its cache and later without it as having lost it (its
+    /// Fig. 4 cost is the unmapped one; `ext-lard` fetches from it no more) until it serves a
+    /// hit again. Default false: the policies of the papers assume that a target's node holds
+    /// it, and the simulator's reproductions of seed 003 keep that assumption.
+    #[serde(default)]
+    pub cache_feedback: bool,
 }
 
 impl PolicyConfig {
@@ -286,6 +293,7 @@ impl PolicyConfig {
             load_source: LoadSource::default(),
             max_targets: d_max_targets(),
             host_in_key: false,
+            cache_feedback: false,
         }
     }
 

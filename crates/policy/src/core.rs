@@ -452,11 +452,13 @@ pub(crate) trait Strategy: Send {
     fn select(&mut self, core: &mut Core, req: &Request<'_>, now: Duration)
         -> Result<Pick, Reject>;
 
+    /// A request finished on node `slot` (`None`: a node no longer known) with `outcome`.
     fn post_request(
         &mut self,
         _core: &mut Core,
         _conn: ConnId,
         _slot: Option<usize>,
+        _outcome: &Outcome,
         _now: Duration,
     ) {
     }
@@ -572,7 +574,8 @@ impl<S: Strategy> Policy for Engine<S> {
         if let Some(i) = slot {
             self.core.finished(i, outcome);
         }
-        self.s.post_request(&mut self.core, conn, slot, now);
+        self.s
+            .post_request(&mut self.core, conn, slot, outcome, now);
     }
 
     fn load_report(&mut self, node: NodeId, report: &LoadReport, _now: Duration) {

@@ -6,8 +6,8 @@ use std::time::Duration;
 use crate::config::{PersistentRouting, PolicyConfig};
 use crate::core::{Basis, Core, Pick, Strategy, INF, UNIT};
 use crate::lard::{choose, fill_table_stats, mapped_ids, Costs};
-use crate::targets::TargetTable;
-use crate::types::{ConnId, NodeId, PolicyStats, Reject, Request};
+use crate::targets::{Awaiting, TargetTable};
+use crate::types::{ConnId, NodeId, Outcome, PolicyStats, Reject, Request};
 
 /// What the policy remembers of one client connection.
 #[derive(Debug, Default)]
@@ -43,6 +43,9 @@ pub(crate) struct ExtLard {
     conns: HashMap<ConnId, ConnState>,
     /// Charge vectors of closed connections, reused.
     spare: Vec<Vec<(usize, u64)>>,
+    /// Targets of requests not yet finished, to learn what the nodes' caches hold; `None`
+    /// without `cache_feedback`.
+    awaiting: Option<Awaiting>,
 }
 
 impl ExtLard {
@@ -56,6 +59,7 @@ impl ExtLard {
             table: TargetTable::new(cfg.max_targets, cfg.host_in_key),
             conns: HashMap::new(),
             spare: Vec::new(),
+            awaiting: cfg.cache_feedback.then(Awaiting::default),
         }
     }
 
@@ -98,6 +102,9 @@ impl Strategy for ExtLard {
     fn reset(&mut self) {
         self.table.clear();
         self.conns.clear();
+        if let Some(a) = &mut self.awaiting {
+            a.clear();
+        }
     }
 
     fn node_down(&mut self, core: &mut Core, slot: usize, _now: Duration) {
@@ -114,6 +121,9 @@ impl Strategy for ExtLard {
     fn connection_end(&mut self, core: &mut Core, conn: ConnId, _now: Duration) {
         if let Some(st) = self.conns.remove(&conn) {
             self.close(core, st);
+        }
+        if let Some(a) = &mut self.awaiting {
+            a.end(conn);
         }
     }
 
@@ -153,9 +163,11 @@ impl Strategy for ExtLard {
                 core.sub_held(old, UNIT);
                 core.nodes[old].connections = core.nodes[old].connections.saturating_sub(1);
             }
-            let (e, counts) = self.table.entry(req, &mut core.c.evictions);
-            let (slot, fresh) =
-                choose(core, &self.costs, &e.members).ok_or_else(|| core.reject())?;
+            let (key, e, counts) = self.table.entry(req, &mut core.c.evictions);
+            let (slot, fresh) = choose(core, &self.costs, e).ok_or_else(|| core.reject())?;
+            if let Some(a) = &mut self.awaiting {
+                a.push(req.conn, key);
+            }
             if fresh {
                 counts.add(e, slot);
                 e.last_mod = now;
@@ -168,8 +180,13 @@ impl Strategy for ExtLard {
         };
 
         st.outstanding += 1;
-        let (e, counts) = self.table.entry(req, &mut core.c.evictions);
-        let cached = e.members.contains(&(h as u32));
+        let (key, e, counts) = self.table.entry(req, &mut core.c.evictions);
+        if let Some(a) = &mut self.awaiting {
+            a.push(req.conn, key);
+        }
+        // A member that lost the target from its cache (it said so) no longer holds it.
+        let member = e.members.contains(&(h as u32));
+        let cached = member && !e.lost(h);
         let disk_queue = core.nodes[h].report.map_or(0, |r| r.disk_queue);
         if cached || disk_queue < self.disk_threshold {
             // Served by the handling node; read from its disk if needed and cached there.
@@ -188,8 +205,7 @@ impl Strategy for ExtLard {
             INF
         };
         let mut best: Option<(u64, usize)> = None;
-        for &m in &e.members {
-            let m = m as usize;
+        for m in e.holders() {
             if core.eligible(m) {
                 let c = self.costs.mapped(core.load(m));
                 if c != INF && best.is_none_or(|(bc, _)| c < bc) {
@@ -232,6 +248,9 @@ impl Strategy for ExtLard {
                 e.last_mod = now;
                 Ok(Pick::serve(h))
             }
+            // The handling node is the target's node and lost it: it reads it and caches it
+            // again (no other node holds it more cheaply).
+            _ if member => Ok(Pick::serve(h)),
             // Read from the handling node's own disk without caching it there (its cache is
             // assumed to be thrashing). Never refused: the connection already sits there.
             _ => Ok(Pick::Serve {
@@ -245,9 +264,14 @@ impl Strategy for ExtLard {
         &mut self,
         core: &mut Core,
         conn: ConnId,
-        _slot: Option<usize>,
+        slot: Option<usize>,
+        outcome: &Outcome,
         _now: Duration,
     ) {
+        let key = self.awaiting.as_mut().and_then(|a| a.pop(conn));
+        if let (Some(key), Some(slot)) = (key, slot) {
+            self.table.observe(&key, slot, outcome);
+        }
         if let Some(st) = self.conns.get_mut(&conn) {
             st.outstanding = st.outstanding.saturating_sub(1);
             if st.outstanding == 0 {
@@ -263,6 +287,9 @@ impl Strategy for ExtLard {
             self.close(core, st);
         }
         self.table.clear();
+        if let Some(a) = &mut self.awaiting {
+            a.clear();
+        }
     }
 
     fn stats(&self, _core: &Core, st: &mut PolicyStats) {
@@ -397,5 +424,45 @@ mod tests {
         assert_eq!(load(&*p, h), 0.0);
         assert_eq!(load(&*p, owner), 1.0);
         assert_eq!(p.stats().handoffs, 1);
+    }
+
+    /// With its disk busy, a handling node fetches a target from the node that holds it in its
+    /// cache; once that node said it lost the target, it is read on the handling node instead.
+    #[test]
+    fn a_target_its_holder_lost_is_not_fetched_from_it() {
+        for lost in [false, true] {
+            let mut cfg = PolicyConfig::new(PolicyKind::ExtLard);
+            cfg.cache_feedback = true;
+            let mut p = crate::build(&cfg).unwrap();
+            p.init(&nodes(3), T0).unwrap();
+            let c1 = ConnId(1);
+            p.connection_start(c1, T0);
+            let h = p.select(&Request::get(c1, "/img"), T0).unwrap().node();
+            p.post_request(c1, h, &Outcome::ok(200, 1, false), T0);
+            assert_eq!(p.select(&Request::get(c1, "/img"), T0).unwrap().node(), h);
+            p.post_request(c1, h, &Outcome::ok(200, 1, true), T0);
+            assert_eq!(p.select(&Request::get(c1, "/img"), T0).unwrap().node(), h);
+            p.post_request(c1, h, &Outcome::ok(200, 1, !lost), T0);
+
+            let c2 = ConnId(2);
+            p.connection_start(c2, T0);
+            let g = p.select(&Request::get(c2, "/page"), T0).unwrap().node();
+            assert_ne!(g, h);
+            p.post_request(c2, g, &Outcome::ok(200, 1, false), T0);
+            busy(&mut *p, g, 5);
+            let d = p.select(&Request::get(c2, "/img"), T0).unwrap();
+            let want = if lost {
+                Decision::Serve {
+                    node: g,
+                    cache: false,
+                }
+            } else {
+                Decision::Forward {
+                    handler: g,
+                    source: h,
+                }
+            };
+            assert_eq!(d, want, "lost {lost}");
+        }
     }
 }

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use crate::config::PolicyConfig;
 use crate::core::{Core, Pick, Strategy, INF, UNIT};
-use crate::targets::{Entry, TargetTable};
-use crate::types::{NodeId, PolicyStats, Reject, Request};
+use crate::targets::{Awaiting, Entry, TargetTable};
+use crate::types::{ConnId, NodeId, Outcome, PolicyStats, Reject, Request};
 
 /// The three cost metrics of seed 003 Fig. 4, in fixed-point load units.
 #[derive(Debug, Clone, Copy)]
@@ -56,31 +56,38 @@ impl Costs {
 
 /// Basic LARD over a target's member set: the node of minimum aggregate cost.
 ///
-/// Among members the least loaded one is the cheapest; among the other nodes the least loaded
-/// one is (the unmapped cost grows with load), so two candidates suffice. Returns the slot,
-/// whether it is a new member, and the cost, or `None` when every cost is infinite.
-pub(crate) fn choose(core: &Core, costs: &Costs, members: &[u32]) -> Option<(usize, bool)> {
-    let mut best_member: Option<(u64, usize)> = None;
-    for &m in members {
+/// A member costs the mapped cost, or the unmapped one when it is known to have lost the
+/// target from its cache ([`Entry::lost`]: it would read it from disk like any other node);
+/// the cheapest member is found by cost. Among the other nodes the least loaded one is the
+/// cheapest (the unmapped cost grows with load). Returns the slot and whether it is a new
+/// member, or `None` when every cost is infinite. Ties stay on a member.
+pub(crate) fn choose(core: &Core, costs: &Costs, e: &Entry) -> Option<(usize, bool)> {
+    let mut best_member: Option<(u64, u64, usize)> = None;
+    for &m in &e.members {
         let m = m as usize;
         if core.eligible(m) {
             let l = core.load(m);
-            if best_member.is_none_or(|(bl, _)| l < bl) {
-                best_member = Some((l, m));
+            let c = if e.lost(m) {
+                costs.unmapped(l)
+            } else {
+                costs.mapped(l)
+            };
+            if best_member.is_none_or(|(bc, bl, _)| (c, l) < (bc, bl)) {
+                best_member = Some((c, l, m));
             }
         }
     }
-    let cm = best_member.map_or(INF, |(l, _)| costs.mapped(l));
+    let cm = best_member.map_or(INF, |(c, _, _)| c);
     let other = core
         .least_loaded()
-        .filter(|&l| !members.contains(&(l as u32)));
+        .filter(|&l| !e.members.contains(&(l as u32)));
     let co = other.map_or(INF, |l| costs.unmapped(core.load(l)));
     if cm == INF && co == INF {
         None
     } else if co < cm {
         other.map(|l| (l, true))
     } else {
-        best_member.map(|(_, m)| (m, false))
+        best_member.map(|(_, _, m)| (m, false))
     }
 }
 
@@ -91,6 +98,9 @@ pub(crate) struct Lard {
     costs: Costs,
     shrink_after: Duration,
     table: TargetTable,
+    /// Targets of requests not yet finished, to learn what the nodes' caches hold; `None`
+    /// without `cache_feedback`.
+    awaiting: Option<Awaiting>,
 }
 
 impl Lard {
@@ -100,6 +110,7 @@ impl Lard {
             costs: Costs::new(cfg),
             shrink_after: cfg.lard_r_shrink(),
             table: TargetTable::new(cfg.max_targets, cfg.host_in_key),
+            awaiting: cfg.cache_feedback.then(Awaiting::default),
         }
     }
 
@@ -109,8 +120,8 @@ impl Lard {
         req: &Request<'_>,
         now: Duration,
     ) -> Result<Pick, Reject> {
-        let (e, counts) = self.table.entry(req, &mut core.c.evictions);
-        let (slot, fresh) = choose(core, &self.costs, &e.members).ok_or_else(|| core.reject())?;
+        let (key, e, counts) = self.table.entry(req, &mut core.c.evictions);
+        let (slot, fresh) = choose(core, &self.costs, e).ok_or_else(|| core.reject())?;
         if fresh {
             if let Some(&old) = e.members.first() {
                 counts.remove(e, old as usize);
@@ -118,6 +129,9 @@ impl Lard {
             }
             counts.add(e, slot);
             e.last_mod = now;
+        }
+        if let Some(a) = &mut self.awaiting {
+            a.push(req.conn, key);
         }
         Ok(Pick::serve(slot))
     }
@@ -128,8 +142,11 @@ impl Lard {
         req: &Request<'_>,
         now: Duration,
     ) -> Result<Pick, Reject> {
-        let (e, counts) = self.table.entry(req, &mut core.c.evictions);
-        let (slot, fresh) = choose(core, &self.costs, &e.members).ok_or_else(|| core.reject())?;
+        let (key, e, counts) = self.table.entry(req, &mut core.c.evictions);
+        let (slot, fresh) = choose(core, &self.costs, e).ok_or_else(|| core.reject())?;
+        if let Some(a) = &mut self.awaiting {
+            a.push(req.conn, key);
+        }
         if fresh {
             // Grow (or, for an empty set, place) the server set.
             counts.add(e, slot);
@@ -165,6 +182,30 @@ impl Strategy for Lard {
 
     fn reset(&mut self) {
         self.table.clear();
+        if let Some(a) = &mut self.awaiting {
+            a.clear();
+        }
+    }
+
+    fn connection_end(&mut self, _core: &mut Core, conn: ConnId, _now: Duration) {
+        if let Some(a) = &mut self.awaiting {
+            a.end(conn);
+        }
+    }
+
+    /// The node's word on its cache for the target it served.
+    fn post_request(
+        &mut self,
+        _core: &mut Core,
+        conn: ConnId,
+        slot: Option<usize>,
+        outcome: &Outcome,
+        _now: Duration,
+    ) {
+        let key = self.awaiting.as_mut().and_then(|a| a.pop(conn));
+        if let (Some(key), Some(slot)) = (key, slot) {
+            self.table.observe(&key, slot, outcome);
+        }
     }
 
     fn node_down(&mut self, core: &mut Core, slot: usize, _now: Duration) {
@@ -186,6 +227,9 @@ impl Strategy for Lard {
 
     fn shutdown(&mut self, _core: &mut Core) {
         self.table.clear();
+        if let Some(a) = &mut self.awaiting {
+            a.clear();
+        }
     }
 
     fn stats(&self, _core: &Core, st: &mut PolicyStats) {
@@ -303,5 +347,56 @@ mod tests {
         p.post_request(CONN, b, &Outcome::ok(200, 1, true), secs(21));
         assert_eq!(p.stats().replicas, 0);
         assert_eq!(p.mapped_nodes(&Request::get(CONN, "/hot")), vec![b]);
+    }
+
+    /// A node that served a target from its cache and later without has lost it: past L_idle
+    /// the target goes to a less loaded node, where a node still holding it keeps it.
+    fn with_feedback(kind: PolicyKind, n: u32) -> Box<dyn Policy> {
+        let mut cfg = PolicyConfig::new(kind);
+        cfg.cache_feedback = true;
+        let mut p = crate::build(&cfg).unwrap();
+        p.init(&nodes(n), T0).unwrap();
+        p
+    }
+
+    #[test]
+    fn lard_moves_a_target_its_node_lost_from_cache() {
+        for (feedback, lost) in [(true, false), (true, true), (false, true)] {
+            let mut p = if feedback {
+                with_feedback(PolicyKind::Lard, 2)
+            } else {
+                policy(PolicyKind::Lard, 2)
+            };
+            let x = pick(&mut *p, "/a");
+            // The first fetch is a miss, as always: nothing is learnt from it.
+            p.post_request(CONN, x, &Outcome::ok(200, 1, false), T0);
+            assert_eq!(pick(&mut *p, "/a"), x);
+            p.post_request(CONN, x, &Outcome::ok(200, 1, true), T0);
+            // Load 36 on x: past L_idle, still cheaper than moving while x holds the target.
+            assert!(hold(&mut *p, "/a", 36).iter().all(|&n| n == x));
+            // One of them finishes from the cache, or not: x lost it.
+            p.post_request(CONN, x, &Outcome::ok(200, 1, !lost), T0);
+            // Without `cache_feedback` the word is not taken.
+            let moved = feedback && lost;
+            let next = pick(&mut *p, "/a");
+            assert_eq!(next != x, moved, "feedback {feedback} lost {lost}");
+            assert_eq!(p.stats().reassignments, u64::from(moved));
+        }
+    }
+
+    /// Below L_idle a node that lost the target keeps it (moving buys nothing), and its next
+    /// hit makes it a holder again.
+    #[test]
+    fn lard_keeps_a_lost_target_on_an_idle_node() {
+        let mut p = with_feedback(PolicyKind::Lard, 2);
+        let x = pick(&mut *p, "/a");
+        p.post_request(CONN, x, &Outcome::ok(200, 1, true), T0);
+        assert_eq!(pick(&mut *p, "/a"), x);
+        p.post_request(CONN, x, &Outcome::ok(200, 1, false), T0);
+        assert_eq!(pick(&mut *p, "/a"), x);
+        p.post_request(CONN, x, &Outcome::ok(200, 1, true), T0);
+        assert!(hold(&mut *p, "/a", 36).iter().all(|&n| n == x));
+        assert_eq!(pick(&mut *p, "/a"), x);
+        assert_eq!(p.stats().reassignments, 0);
     }
 }

@@ -64,6 +64,13 @@
 //! * **`cap`** — the client-aware policy (seed 004 §3): requests are sorted into service classes
 //!   by URL pattern (`*.cgi`, `/cgi-bin/`, ...) and each class has its own round-robin pointer.
 //!
+//! With `cache_feedback`, the LARD family also learns what the nodes' caches hold:
+//! [`Outcome::from_cache`], reported
+//! with each finished request, is matched to its target (per connection, in selection order),
+//! and a member that served the target from its cache and later without it counts as having
+//! lost it (evicted). Its Fig. 4 cost is then the unmapped one, so past `L_idle` the target goes
+//! to a less loaded node, and `ext-lard` does not fetch from it; its next hit restores it.
+//!
 //! No policy ever selects a node that is down or at its capacity cap. With no node up `select`
 //! answers [`Reject::NoNode`]; with every node saturated, [`Reject::Overloaded`]. Nodes may join
 //! at any time with [`Policy::add_node`].
@@ -110,6 +117,7 @@ mod targets;
 mod types;
 mod wrr;
 
+pub use cap::Pattern as UrlPattern;
 pub use config::{
     build, ClassSpec, LoadSource, PersistentRouting, PolicyConfig, PolicyKind, WeightSpec,
 };

@@ -1,6 +1,6 @@
 //! Property tests: each policy's promise, checked against an independent model.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use proptest::prelude::*;
@@ -264,6 +264,117 @@ fn fig4(load: u64, mapped: bool, l_idle: u64, l_over: u64, miss: u64) -> u64 {
     let loc = if mapped { 1 } else { miss };
     let repl = if load < l_idle || mapped { 0 } else { miss };
     bal + loc + repl
+}
+
+/// Operations for the cache-feedback model: select a target, or finish the oldest request
+/// with the node saying whether it came from its cache.
+#[derive(Debug, Clone)]
+enum CacheOp {
+    Select(usize),
+    Finish(bool),
+    Down(usize),
+    Up(usize),
+}
+
+fn cache_op() -> impl Strategy<Value = CacheOp> {
+    prop_oneof![
+        6 => (0usize..5).prop_map(CacheOp::Select),
+        6 => any::<bool>().prop_map(CacheOp::Finish),
+        1 => any::<usize>().prop_map(CacheOp::Down),
+        1 => any::<usize>().prop_map(CacheOp::Up),
+    ]
+}
+
+proptest! {
+    /// LARD with the nodes' word on their caches: a member that served its target from the
+    /// cache and then without it costs as if the target were not mapped to it (Fig. 4's
+    /// unmapped cost) until it serves a hit again; every choice is of minimum cost, ties stay.
+    #[test]
+    fn lard_follows_fig4_with_cache_losses(
+        n in 1u32..4,
+        l_idle in 1u32..5,
+        span in 0u32..8,
+        miss in 1u32..6,
+        ops in proptest::collection::vec(cache_op(), 1..300),
+    ) {
+        let mut cfg = PolicyConfig::new(PolicyKind::Lard);
+        cfg.l_idle = l_idle;
+        cfg.l_overload = l_idle + span;
+        cfg.miss_cost = miss;
+        cfg.cache_feedback = true;
+        let (li, lo, mc) = (l_idle as u64, (l_idle + span) as u64, miss as u64);
+        let mut p = make(&cfg, &nodes(n));
+        let nn = n as usize;
+        let c = ConnId(0);
+        let mut load = vec![0u64; nn];
+        let mut up = vec![true; nn];
+        let mut map: HashMap<usize, usize> = HashMap::new();
+        let mut hit_seen: HashSet<usize> = HashSet::new();
+        let mut lost: HashSet<usize> = HashSet::new();
+        let mut out: VecDeque<(usize, usize)> = VecDeque::new();
+        for o in ops {
+            match o {
+                CacheOp::Select(t) => {
+                    let m = map.get(&t).copied();
+                    let holds = |i: usize| m == Some(i) && !lost.contains(&t);
+                    let costs: Vec<u64> = (0..nn)
+                        .map(|i| if up[i] { fig4(load[i], holds(i), li, lo, mc) } else { INF })
+                        .collect();
+                    let min = *costs.iter().min().unwrap();
+                    let r = p.select(&Request::get(c, &target(t)), T0);
+                    if !up.iter().any(|&u| u) {
+                        prop_assert_eq!(r, Err(Reject::NoNode));
+                        continue;
+                    }
+                    if min == INF {
+                        prop_assert_eq!(r, Err(Reject::Overloaded));
+                        continue;
+                    }
+                    let i = r.unwrap().node().0 as usize;
+                    prop_assert!(up[i]);
+                    prop_assert_eq!(costs[i], min, "costs {:?} mapped {:?} lost {}", costs, m, lost.contains(&t));
+                    if let Some(m) = m {
+                        if costs[m] == min { prop_assert_eq!(i, m); }
+                    }
+                    if m != Some(i) {
+                        map.insert(t, i);
+                        hit_seen.remove(&t);
+                        lost.remove(&t);
+                    }
+                    load[i] += 1;
+                    out.push_back((i, t));
+                }
+                CacheOp::Finish(hit) => {
+                    let Some((i, t)) = out.pop_front() else { continue };
+                    p.post_request(c, NodeId(i as u32), &Outcome::ok(200, 1, hit), T0);
+                    load[i] -= 1;
+                    if map.get(&t) == Some(&i) {
+                        if hit {
+                            hit_seen.insert(t);
+                            lost.remove(&t);
+                        } else if hit_seen.remove(&t) {
+                            lost.insert(t);
+                        }
+                    }
+                }
+                CacheOp::Down(k) => {
+                    let i = k % nn;
+                    if up[i] {
+                        let gone: Vec<usize> = map.iter().filter(|(_, &v)| v == i).map(|(&t, _)| t).collect();
+                        for t in gone {
+                            map.remove(&t);
+                            hit_seen.remove(&t);
+                            lost.remove(&t);
+                        }
+                    }
+                    up[i] = false;
+                    p.node_down(NodeId(i as u32), T0);
+                }
+                CacheOp::Up(k) => { up[k % nn] = true; p.node_up(NodeId((k % nn) as u32), T0); }
+            }
+            prop_assert_eq!(p.stats().targets_mapped, map.len() as u64);
+        }
+    }
 }
 
 proptest! {

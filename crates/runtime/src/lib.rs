@@ -6,7 +6,8 @@
 //! off when accepting fails for lack of resources. An idle keep-alive
 //! connection waits without buffers in [`idle::wait_for_bytes`]; request
 //! heads and bodies are read by [`request::next_head`] and
-//! [`request::read_body`]; a connection that ends after an error closes with
+//! [`request::read_body`] (or passed on as they arrive by
+//! [`request::stream_body`]); a connection that ends after an error closes with
 //! [`close::linger`]. On
 //! shutdown each worker drains: it waits, woken by the last connection that
 //! drops its [`workers::Live`] handle, until its connections are gone or the

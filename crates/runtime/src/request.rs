@@ -225,32 +225,105 @@ pub async fn read_body<C: ClientConn>(
     timeout: Duration,
     mut keep: Option<&mut Vec<u8>>,
 ) -> Result<(), BodyError> {
+    if let Some(k) = keep.as_deref_mut() {
+        if let BodyFraming::Length(n) = head.framing {
+            k.reserve(n as usize);
+        }
+    }
+    let until = Instant::now() + timeout;
+    let sink = Keep(keep);
+    body_loop(c, head, max_body, || until, sink)
+        .await
+        .map_err(|e| match e {
+            StreamError::Body(e) => e,
+            StreamError::Sink(never) => match never {},
+        })
+}
+
+/// Where [`stream_body`] puts a request body, piece by piece, as it arrives.
+pub trait BodySink: Send {
+    /// Why the sink failed.
+    type Error: Send;
+
+    /// Take the next bytes of the body, as sent (chunked coding included).
+    fn put(&mut self, bytes: &[u8]) -> impl Future<Output = Result<(), Self::Error>> + Send;
+}
+
+/// Why [`stream_body`] stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError<E> {
+    /// Reading the body from the client failed (as for [`read_body`]).
+    #[error(transparent)]
+    Body(BodyError),
+    /// The sink failed; the rest of the body is unread.
+    #[error("the body's receiver failed")]
+    Sink(E),
+}
+
+/// Pass the body of the request whose head (`head`, already consumed from
+/// the buffer) announced one to `sink` as it arrives, without holding it
+/// whole: a request body streamed to an application server. Each wait for
+/// the client may take `timeout` (a large body may take as long as it
+/// needs, a stalled client may not). Otherwise as [`read_body`]:
+/// `100-continue` answered first, chunked coding checked and passed on as
+/// sent, at most `max_body` bytes of chunked data.
+pub async fn stream_body<C: ClientConn, S: BodySink>(
+    c: &mut C,
+    head: &RequestHead,
+    max_body: u64,
+    timeout: Duration,
+    sink: S,
+) -> Result<(), StreamError<S::Error>> {
+    body_loop(c, head, max_body, || Instant::now() + timeout, sink).await
+}
+
+/// The body bytes kept by [`read_body`].
+struct Keep<'a>(Option<&'a mut Vec<u8>>);
+
+impl BodySink for Keep<'_> {
+    type Error = std::convert::Infallible;
+
+    async fn put(&mut self, bytes: &[u8]) -> Result<(), Self::Error> {
+        if let Some(k) = self.0.as_deref_mut() {
+            k.extend_from_slice(bytes);
+        }
+        Ok(())
+    }
+}
+
+/// Read a body, giving each piece to `sink`; `until` says how long the next
+/// wait for the client may last.
+async fn body_loop<C: ClientConn, S: BodySink>(
+    c: &mut C,
+    head: &RequestHead,
+    max_body: u64,
+    until: impl Fn() -> Instant,
+    mut sink: S,
+) -> Result<(), StreamError<S::Error>> {
     if head.framing == BodyFraming::None {
         return Ok(());
     }
     if head.expect_continue {
-        c.send_continue().await.map_err(|_| BodyError::Broken)?;
+        c.send_continue()
+            .await
+            .map_err(|_| StreamError::Body(BodyError::Broken))?;
     }
-    let until = Instant::now() + timeout;
     match head.framing {
         BodyFraming::None => Ok(()),
         BodyFraming::Length(n) => {
-            if let Some(k) = keep.as_deref_mut() {
-                k.reserve(n as usize);
-            }
             let mut left = n;
             loop {
                 let p = c.parts();
                 let take = (p.buf.len() as u64).min(left) as usize;
-                if let Some(k) = keep.as_deref_mut() {
-                    k.extend_from_slice(&p.buf[..take]);
+                if take > 0 {
+                    sink.put(&p.buf[..take]).await.map_err(StreamError::Sink)?;
+                    p.buf.advance(take);
                 }
-                p.buf.advance(take);
                 left -= take as u64;
                 if left == 0 {
                     return Ok(());
                 }
-                more(c, until).await?;
+                more(c, until()).await.map_err(StreamError::Body)?;
             }
         }
         BodyFraming::Chunked => {
@@ -259,21 +332,23 @@ pub async fn read_body<C: ClientConn>(
             let mut dec = ChunkedDecoder::with_limit(max_body);
             loop {
                 let p = c.parts();
-                let used = dec.decode(p.buf, |_| {}).map_err(|e| match e {
-                    ChunkedError::TooLarge => BodyError::TooLarge,
-                    e => BodyError::Malformed(e),
+                let used = dec.decode(p.buf, |_| {}).map_err(|e| {
+                    StreamError::Body(match e {
+                        ChunkedError::TooLarge => BodyError::TooLarge,
+                        e => BodyError::Malformed(e),
+                    })
                 })?;
                 if dec.body_len() > max_body {
-                    return Err(BodyError::TooLarge);
+                    return Err(StreamError::Body(BodyError::TooLarge));
                 }
-                if let Some(k) = keep.as_deref_mut() {
-                    k.extend_from_slice(&p.buf[..used]);
+                if used > 0 {
+                    sink.put(&p.buf[..used]).await.map_err(StreamError::Sink)?;
+                    p.buf.advance(used);
                 }
-                p.buf.advance(used);
                 if dec.is_done() {
                     return Ok(());
                 }
-                more(c, until).await?;
+                more(c, until()).await.map_err(StreamError::Body)?;
             }
         }
     }

@@ -7,7 +7,8 @@ use std::time::Duration;
 use bytes::{Buf, BytesMut};
 use switchyard_http::request::{Limits, RequestHead};
 use switchyard_runtime::request::{
-    next_head, read_body, BodyError, ClientConn, ClientParts, HeadEnd, HeadWait, CONTINUE,
+    next_head, read_body, stream_body, BodyError, BodySink, ClientConn, ClientParts, HeadEnd,
+    HeadWait, StreamError, CONTINUE,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -296,4 +297,130 @@ async fn continue_comes_before_the_body() {
     r.unwrap();
     assert_eq!(kept, b"data");
     c.await.unwrap();
+}
+
+/// A sink that records the pieces it is given and fails once it holds `fail_at` bytes.
+struct Pieces {
+    got: Vec<Vec<u8>>,
+    fail_at: usize,
+}
+
+impl BodySink for Pieces {
+    type Error = &'static str;
+
+    async fn put(&mut self, bytes: &[u8]) -> Result<(), Self::Error> {
+        self.got.push(bytes.to_vec());
+        if self.got.iter().map(Vec::len).sum::<usize>() >= self.fail_at {
+            return Err("full");
+        }
+        Ok(())
+    }
+}
+
+async fn stream(s: &mut Server, sink: &mut Pieces) -> Result<(), StreamError<&'static str>> {
+    let h = head(s, true).await.unwrap();
+    s.buf.advance(h.head_len);
+    stream_body(s, &h, 1024, HEADER, sink).await
+}
+
+impl BodySink for &mut Pieces {
+    type Error = &'static str;
+
+    async fn put(&mut self, bytes: &[u8]) -> Result<(), Self::Error> {
+        (**self).put(bytes).await
+    }
+}
+
+/// A streamed body reaches the sink piece by piece as it arrives, coding included; what
+/// follows it stays in the buffer.
+#[tokio::test]
+async fn a_streamed_body_arrives_in_pieces() {
+    let (mut client, mut s, _stop) = pair(&with(b"5\r\nhel")).await;
+    let (go, ready) = tokio::sync::oneshot::channel::<()>();
+    let writer = tokio::spawn(async move {
+        // The second piece is sent once the first has been passed on.
+        ready.await.unwrap();
+        client.write_all(b"lo\r\n0\r\n\r\nGET /next").await.unwrap();
+        client
+    });
+    let mut sink = Pieces {
+        got: Vec::new(),
+        fail_at: usize::MAX,
+    };
+    let mut go = Some(go);
+    let h = head(&mut s, true).await.unwrap();
+    s.buf.advance(h.head_len);
+    struct Signal<'a>(
+        &'a mut Pieces,
+        &'a mut Option<tokio::sync::oneshot::Sender<()>>,
+    );
+    impl BodySink for Signal<'_> {
+        type Error = &'static str;
+        async fn put(&mut self, bytes: &[u8]) -> Result<(), Self::Error> {
+            if let Some(g) = self.1.take() {
+                g.send(()).unwrap();
+            }
+            self.0.put(bytes).await
+        }
+    }
+    stream_body(&mut s, &h, 1024, HEADER, Signal(&mut sink, &mut go))
+        .await
+        .unwrap();
+    assert_eq!(sink.got[0], b"5\r\nhel");
+    assert_eq!(sink.got.concat(), b"5\r\nhello\r\n0\r\n\r\n");
+    let _client = writer.await.unwrap();
+    assert!(b"GET /next".starts_with(&s.buf));
+}
+
+/// A failing sink stops the body with its error; a bad body ends with the body's error.
+#[tokio::test]
+async fn sink_and_body_failures_are_told_apart() {
+    let pre = b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 10\r\n\r\n0123";
+    let (_c, mut s, _stop) = pair(pre).await;
+    let mut sink = Pieces {
+        got: Vec::new(),
+        fail_at: 4,
+    };
+    assert!(matches!(
+        stream(&mut s, &mut sink).await,
+        Err(StreamError::Sink("full"))
+    ));
+    let (_c, mut s, _stop) = pair(&with(b"zz\r\n")).await;
+    let mut sink = Pieces {
+        got: Vec::new(),
+        fail_at: usize::MAX,
+    };
+    assert!(matches!(
+        stream(&mut s, &mut sink).await,
+        Err(StreamError::Body(BodyError::Malformed(_)))
+    ));
+    assert!(sink.got.is_empty());
+}
+
+/// A streamed body may take longer than the timeout in all, as long as no single wait for the
+/// client does; a stall of one timeout ends it.
+#[tokio::test(start_paused = true)]
+async fn a_streamed_body_times_out_per_wait() {
+    let pre = b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\n";
+    let (mut client, mut s, _stop) = pair(pre).await;
+    let t = tokio::time::Instant::now();
+    let writer = tokio::spawn(async move {
+        for b in [b"a", b"b"] {
+            tokio::time::sleep(HEADER - Duration::from_millis(10)).await;
+            client.write_all(b).await.unwrap();
+        }
+        client
+    });
+    let mut sink = Pieces {
+        got: Vec::new(),
+        fail_at: usize::MAX,
+    };
+    let r = stream(&mut s, &mut sink).await;
+    assert!(
+        matches!(r, Err(StreamError::Body(BodyError::TimedOut))),
+        "{r:?}"
+    );
+    assert_eq!(sink.got.concat(), b"ab");
+    assert_about(t.elapsed(), 3 * HEADER - 2 * Duration::from_millis(10));
+    let _client = writer.await.unwrap();
 }

@@ -595,7 +595,12 @@ fn on_message(
                 finish(shared, c);
             }
         }
-        Message::Served { id, status, bytes } => {
+        Message::Served {
+            id,
+            status,
+            bytes,
+            from_cache,
+        } => {
             let done = h.conns.lock().get_mut(&id).and_then(|c| {
                 let d = c.outstanding.pop_front()?;
                 c.counted.0 += 1;
@@ -614,7 +619,7 @@ fn on_message(
                     gen.policy.lock().post_request(
                         conn,
                         NodeId(d.node as u32),
-                        &Outcome::ok(status, bytes, false),
+                        &Outcome::ok(status, bytes, from_cache),
                         shared.now(),
                     );
                 }

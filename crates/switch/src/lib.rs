@@ -26,13 +26,15 @@
 //! 4. **Forward** (`Client::exchange`). An idle pooled connection to the node is taken (one the
 //!    node closed meanwhile is recognised without a system call and dropped) or a new one opened;
 //!    the request head goes out with only hop-by-hop fields changed (`Connection`, `Keep-Alive`,
-//!    ... removed, `X-Forwarded-For` appended, `Connection: keep-alive` for HTTP/1.0), then the
+//!    ... removed, `X-Forwarded-For` appended, `Connection: keep-alive` for HTTP/1.0,
+//!    `X-Switchyard-Relay` asking whether the response comes from the node's cache), then the
 //!    body (`Content-Length`, or chunked checked by the strict decoder and forwarded as is).
 //! 5. **Relay the response**. The node's head is parsed strictly ([`response`]) and rewritten
 //!    for the client; the body follows by its framing. Large bodies move node → pipe → client with
 //!    splice(2) (`splice_min_bytes`), smaller ones through a buffer. A node connection goes back
 //!    to the pool only when its response was read completely.
-//! 6. **Account**: `post_request` to the policy, per-node counters, the relay histogram; then
+//! 6. **Account**: `post_request` to the policy (with the node's `X-Switchyard-Cache` answer,
+//!    removed from the client's head), per-node counters, the relay histogram; then
 //!    the next request on the connection. Pipelined requests are handled one after the other, so
 //!    they are answered in order.
 //!
@@ -43,7 +45,8 @@
 //! (`handoff.rs`): over the node's Unix control socket as a descriptor (same host), or as
 //! `TCP_REPAIR` state over its TCP control connection with a steering entry that sends the
 //! client's later packets to the node (another host). The node answers the client directly;
-//! the switch learns of each finished request (`Served`, for the policy), of further requests
+//! the switch learns of each finished request (`Served`, for the policy, saying whether it came
+//! from the node's cache), of further requests
 //! when persistent connections are routed (`Route` → serve, back-end forwarding or hand back —
 //! multiple handoff, which the switch passes on to the next node), and of the end (`Closed`).
 //! When a handoff cannot happen — control connection down, no steering, the node refuses, or
@@ -56,7 +59,8 @@
 //!
 //! An idempotent request without a body that fails on a node before any response byte reached
 //! the client is retried on another node (`retries`); a pooled connection that turns out closed
-//! is replaced by a fresh one to the same node. Active health checks (`GET health_path`, any
+//! before any response byte is replaced by a fresh one to the same node for an idempotent
+//! request, while any other request is answered 502 rather than sent twice. Active health checks (`GET health_path`, any
 //! status below 500 is healthy, `health_fall` / `health_rise`) and failed node connections take a
 //! node out (`node_down`: its targets are re-assigned) and bring it back. Nodes may push load
 //! reports (active connections, disk queue, cache counts) over UDP to `report_listen` on each

@@ -66,6 +66,8 @@ struct Choice {
 struct Exchanged {
     status: u16,
     bytes: u64,
+    /// The node says its body came from its memory cache.
+    from_cache: bool,
     /// The client connection may carry another request.
     keep: bool,
 }
@@ -236,6 +238,9 @@ impl Client {
             && !self.stopping();
         let ip = gen.cfg.forwarded_for.then_some(self.peer_ip.as_str());
         resp::forward_request_head(&self.buf[..head.head_len], http10, ip, fwd);
+        // The node is asked whether its response comes from its memory cache; the policy
+        // learns it with the outcome.
+        resp::ask_cache_report(fwd);
         // What the switch adds may take a head over the limits a node applies (the switch's
         // own): such a head is refused here with the 431 the node would give, never forwarded.
         // Handed off, the head travels as the client sent it, so only relaying is refused.
@@ -325,7 +330,7 @@ impl Client {
                 .await;
             backend.active.fetch_sub(1, Relaxed);
             let outcome = match &r {
-                Ok(x) => Outcome::ok(x.status, x.bytes, false),
+                Ok(x) => Outcome::ok(x.status, x.bytes, x.from_cache),
                 Err(_) => Outcome::failed(),
             };
             if let Some(n) = choice.policy_node {
@@ -459,8 +464,11 @@ impl Client {
             head_request: head.method == switchyard_http::Method::Head,
             max_head: gen.cfg.max_response_head_bytes,
         };
-        // A pooled connection may have been closed by the node just as it is reused: the
-        // request then goes again on a new connection.
+        // A pooled connection may have been closed by the node just as it is reused: an
+        // idempotent request then goes again on a new connection. Any other request may have
+        // been acted on by the node before it closed, so it is never sent twice: it is
+        // answered 502.
+        let idempotent = head.method.is_idempotent();
         let mut pooled = b.take_idle();
         loop {
             let mut node = match pooled.take() {
@@ -493,7 +501,7 @@ impl Client {
             let interim = (!http10).then_some((&self.stream, t.send));
             match upstream::exchange(&mut node, req, Deadline::Each(t.node), interim).await {
                 Ok(r) => return self.relay_response(gen, b, node, r, keep, http10).await,
-                Err(f) if f.retryable => continue,
+                Err(f) if f.retryable && idempotent => continue,
                 Err(f) => return Err(self.exchange_failed(gen, b, head, f.error)),
             }
         }
@@ -585,6 +593,7 @@ impl Client {
         }
         // A drain that started while the node worked closes the connection after this response.
         let client_keep = keep && meta.body != BodyLength::UntilClose && !self.stopping();
+        let from_cache = resp::from_cache(&r.head);
         self.out.clear();
         resp::client_response_head(&r.head, client_keep, http10, &mut self.out);
         let head_bytes = self.out.len() as u64;
@@ -614,6 +623,7 @@ impl Client {
                 Ok(Exchanged {
                     status: meta.status,
                     bytes: head_bytes + done.body,
+                    from_cache,
                     keep: client_keep,
                 })
             }

@@ -5,6 +5,9 @@
 //!   (send bytes, read one response with status, headers and body, keep the
 //!   connection for the next one), a reader for callers that hold their own
 //!   stream and buffer, and a one-shot HTTP/1.0 `GET`.
+//! * [`app`]: a small application server (computed answers, echoed request
+//!   bodies, stalls, closes and malformed responses on purpose) for the
+//!   tests of dynamic content.
 //! * [`fixture`]: files for document roots (deterministic contents, written
 //!   below a root).
 //! * [`wait`]: a bounded wait for a state that shows no event (a gauge in
@@ -18,6 +21,7 @@
 //! real servers does so itself, so no crate's tests link a second copy of
 //! that crate.
 
+pub mod app;
 pub mod exit;
 pub mod fixture;
 pub mod http;

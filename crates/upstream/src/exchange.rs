@@ -55,28 +55,68 @@ pub async fn exchange(
     interim: Option<(&TcpStream, Duration)>,
 ) -> Result<Response, Failed> {
     let reused = conn.reused;
-    let mut received = false;
-    let fail = |error: Error, received: bool| Failed {
-        retryable: reused
-            && !received
-            && matches!(error, Error::Send(_) | Error::Read(_) | Error::Closed),
-        error,
-    };
     match timeout_at(deadline.next(), conn.stream.write_all(req.bytes)).await {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(fail(Error::Send(e), false)),
+        Ok(Err(e)) => return Err(failed(Error::Send(e), reused, false)),
         Err(_) => {
-            return Err(fail(
+            return Err(failed(
                 Error::Send(std::io::ErrorKind::TimedOut.into()),
+                reused,
                 false,
             ))
         }
     }
+    final_head(
+        conn,
+        req.head_request,
+        req.max_head,
+        deadline,
+        interim,
+        reused,
+    )
+    .await
+}
+
+/// Read the final response head to a request the caller has sent on `conn` itself (a head and
+/// a body streamed from the client as it arrived, say). Like [`exchange()`], without the
+/// sending; a failure is never retryable, since the request cannot be produced again.
+pub async fn read_response(
+    conn: &mut Connection,
+    head_request: bool,
+    max_head: usize,
+    deadline: Deadline,
+    interim: Option<(&TcpStream, Duration)>,
+) -> Result<Response, Failed> {
+    final_head(conn, head_request, max_head, deadline, interim, false).await
+}
+
+/// A failure; retryable when the request went out on a reused connection (`may_retry`) and
+/// nothing came back.
+fn failed(error: Error, may_retry: bool, received: bool) -> Failed {
+    Failed {
+        retryable: may_retry
+            && !received
+            && matches!(error, Error::Send(_) | Error::Read(_) | Error::Closed),
+        error,
+    }
+}
+
+/// Read the final response head, passing interim ones on as [`exchange()`] says.
+async fn final_head(
+    conn: &mut Connection,
+    head_request: bool,
+    max_head: usize,
+    deadline: Deadline,
+    interim: Option<(&TcpStream, Duration)>,
+    may_retry: bool,
+) -> Result<Response, Failed> {
+    let fail = |error: Error, received: bool| failed(error, may_retry, received);
+    let mut received = false;
     let until = deadline.next();
     let mut out = Vec::new();
     loop {
         if !conn.buf.is_empty() {
-            match upstream::parse(&conn.buf, req.head_request, req.max_head) {
+            match upstream::parse(&conn.buf, head_request, max_head) {
                 Ok(Some(meta)) if meta.is_interim() => {
                     if let Some((client, wait)) = interim {
                         out.clear();
@@ -246,5 +286,58 @@ mod tests {
         assert!(matches!(f.error, Error::Response(_)), "{f:?}");
         assert!(!f.retryable);
         drop(t.await.unwrap());
+    }
+
+    /// A response to a request the caller sent itself is read like any other, and a silent
+    /// close is never retryable, even on a reused connection.
+    #[tokio::test]
+    async fn responses_to_requests_sent_in_parts_are_read_and_never_retried() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let pool = Pool::new(8, 8);
+        let c = crate::connect(addr, Duration::from_secs(5)).await.unwrap();
+        let (mut peer, _) = l.accept().await.unwrap();
+        assert!(pool.put(c));
+        let mut c = pool.take(addr).unwrap();
+        let server = tokio::spawn(async move {
+            let mut got = Vec::new();
+            while !got.ends_with(b"hello") {
+                let mut b = [0u8; 256];
+                let n = peer.read(&mut b).await.unwrap();
+                assert!(n > 0, "request cut short");
+                got.extend_from_slice(&b[..n]);
+            }
+            peer.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                .await
+                .unwrap();
+            // The second request is met with a close.
+            read_request(&mut peer).await;
+        });
+        crate::splice::write_all(
+            c.stream(),
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n",
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+        crate::splice::write_all(c.stream(), b"hello", Duration::from_secs(5))
+            .await
+            .unwrap();
+        let r = read_response(&mut c, false, 1024, WAIT, None)
+            .await
+            .unwrap();
+        assert_eq!(r.meta.status, 200);
+        assert_eq!(c.buffered(), b"ok");
+        c.buf.clear();
+        assert!(c.reused());
+        crate::splice::write_all(c.stream(), REQ.bytes, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let f = read_response(&mut c, false, 1024, WAIT, None)
+            .await
+            .unwrap_err();
+        assert!(matches!(f.error, Error::Closed), "{f:?}");
+        assert!(!f.retryable);
+        server.await.unwrap();
     }
 }

@@ -10,7 +10,9 @@
 //! * [`exchange()`]: send a request and read the final response head with the strict parser of
 //!   [`switchyard_http::upstream`], skipping (or passing on) interim 1xx responses. A failure
 //!   says whether the request may be sent again on a new connection: it went out on a reused
-//!   connection and not a byte came back.
+//!   connection and not a byte came back. Whether it *should* be is the caller's decision: a
+//!   request that is not idempotent is never sent twice. [`read_response()`] reads the head
+//!   of a request the caller wrote itself (a body streamed from a client as it arrives).
 //! * [`relay`]: move the response body to the client by `Content-Length`, chunked coding
 //!   (checked with [`switchyard_http::chunked`]) or until the peer closes, by splice(2) for
 //!   large remainders ([`splice`]), and tell whether the connection can go back to the pool.
@@ -37,7 +39,7 @@ pub mod relay;
 pub mod splice;
 
 pub use collect::{read_body, Collected};
-pub use exchange::{exchange, Failed, Request, Response};
+pub use exchange::{exchange, read_response, Failed, Request, Response};
 pub use pool::Pool;
 pub use relay::{relay_body, Client, Direct, RelayFailed, RelayOptions, Relayed};
 

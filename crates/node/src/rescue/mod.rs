@@ -166,6 +166,16 @@ enum Form<'a> {
     Other,
 }
 
+/// The name a request is for: an absolute-form target's authority, a `CONNECT` target, or the
+/// `Host` field.
+fn host_of<'a>(head: &'a RequestHead, form: &Form<'a>) -> Option<&'a str> {
+    match (form, head.method) {
+        (Form::Absolute(authority, _), _) => Some(*authority),
+        (_, Method::Connect) => Some(head.target.as_str()),
+        _ => head.host.as_deref(),
+    }
+}
+
 fn form(target: &str) -> Form<'_> {
     if target.starts_with('/') {
         return Form::Origin(target);
@@ -214,14 +224,17 @@ impl RescueProxy {
         &self.cfg
     }
 
+    /// Whether `head` is for this server's own site (nothing counted).
+    pub(crate) fn is_own(&self, head: &RequestHead) -> bool {
+        let form = form(&head.target);
+        let host = host_of(head, &form);
+        matches!(self.table.lock().lookup(self.now(), host), Lookup::Own)
+    }
+
     /// What `head` is for. Counts refusals, misdirected requests and redirects.
     pub(crate) fn decide(&self, head: &RequestHead) -> Decision {
         let form = form(&head.target);
-        let host = match (&form, head.method) {
-            (Form::Absolute(authority, _), _) => Some(*authority),
-            (_, Method::Connect) => Some(head.target.as_str()),
-            _ => head.host.as_deref(),
-        };
+        let host = host_of(head, &form);
         let refuse = |status: u16| {
             self.counters.refused.fetch_add(1, Relaxed);
             Decision::Refuse(status)
