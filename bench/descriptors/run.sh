@@ -6,9 +6,11 @@
 #   - "haproxy": HAProxy (maxconn MAXCONN, timeout http-request 10 s) in front of the same node.
 # For each, in alternating rounds: wrk alone for DURATION s (the normal rate), then SLOW slow
 # connections (bench/descriptors/slowloris.py: a request head that never ends, a header line
-# every 5 s, connections the server closes opened again) and wrk again while they are held. The
-# table gives medians: normal and under-attack req/s, their ratio, and non-2xx answers and
-# socket errors wrk saw under attack.
+# every 5 s, connections the server closes opened again) and, once the attackers have topped
+# their connections up after the server's first sheds, wrk again while they are held. The
+# table gives medians: normal and under-attack req/s, the ratio of each round's two, and
+# non-2xx answers and socket errors wrk saw under attack. The attacking processes run niced
+# (on a real site the attackers' CPU is not the server's; on this 2-core machine it is shared).
 #
 # Usage: bench/descriptors/run.sh
 #        LIMIT=20000 SLOW=21000 DURATION=5 ROUNDS=3 CONNS=32 bench/descriptors/run.sh
@@ -27,7 +29,10 @@ MAXCONN=${MAXCONN:-9000}
 FRONTS=${FRONTS:-"switch node haproxy"}
 NODE=18201; SW=18202; HAP=18203; ADM=18204
 ulimit -n "$(ulimit -Hn)"
-[ "$(ulimit -n)" -gt $((SLOW + 1000)) ] || { echo "this shell's descriptor limit is below SLOW" >&2; exit 1; }
+# The slow connections come from several processes, each within this shell's descriptor limit.
+PER=$(( $(ulimit -n) - 1000 < 7000 ? $(ulimit -n) - 1000 : 7000 ))
+[ "$PER" -gt 0 ] || { echo "this shell's descriptor limit is too low" >&2; exit 1; }
+NSLOW=$(( (SLOW + PER - 1) / PER ))
 
 for cmd in haproxy wrk python3 prlimit; do
     command -v "$cmd" >/dev/null || { echo "need $cmd (apt-get install haproxy wrk python3 util-linux)" >&2; exit 1; }
@@ -44,17 +49,18 @@ cleanup() {
     rm -rf "$work"
 }
 trap cleanup EXIT
+trap 'exit 1' INT TERM
 mkdir -p "$work/root"
 head -c 1024 /dev/urandom > "$work/root/1k"
 printf '[log]\nlevel = "error"\n' > "$work/sy.toml"
 
 limited() { prlimit --nofile="$LIMIT:$LIMIT" -- "$@"; }
-up() { for _ in $(seq 1 200); do curl -sf -o /dev/null "http://127.0.0.1:$1/1k" && return 0; sleep 0.05; done; echo "port $1 did not come up" >&2; exit 1; }
+up() { for _ in $(seq 1 200); do curl -sf -m 2 -o /dev/null "http://127.0.0.1:$1/1k" && return 0; sleep 0.05; done; echo "port $1 did not come up" >&2; cat "$work"/*.log >&2; exit 1; }
 
-limited "$bin" --config "$work/sy.toml" node --listen 127.0.0.1:$NODE --root "$work/root" & pids+=($!)
+limited "$bin" --config "$work/sy.toml" node --listen 127.0.0.1:$NODE --root "$work/root" > "$work/node.log" 2>&1 & pids+=($!)
 up $NODE
 limited "$bin" --config "$work/sy.toml" switch --listen 127.0.0.1:$SW --node 127.0.0.1:$NODE \
-    --admin 127.0.0.1:$ADM --mechanism relay & pids+=($!)
+    --admin 127.0.0.1:$ADM --mechanism relay > "$work/switch.log" 2>&1 & pids+=($!)
 up $SW
 cat > "$work/haproxy.cfg" <<CFG
 global
@@ -73,7 +79,7 @@ backend be
     http-reuse always
     server n1 127.0.0.1:$NODE maxconn 1000
 CFG
-limited haproxy -f "$work/haproxy.cfg" -db & pids+=($!)
+limited haproxy -f "$work/haproxy.cfg" -db > "$work/haproxy.log" 2>&1 & pids+=($!)
 up $HAP
 
 port_of() { case $1 in switch) echo $SW;; node) echo $NODE;; haproxy) echo $HAP;; esac; }
@@ -84,31 +90,43 @@ measure() {
     out=$(wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" "http://127.0.0.1:$1/1k" 2>&1)
     rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
     non2xx=$(awk '/Non-2xx/ {print $NF}' <<<"$out"); non2xx=${non2xx:-0}
-    errs=$(awk -F'[ ,]+' '/Socket errors/ {print $4+$6+$8+$10}' <<<"$out"); errs=${errs:-0}
+    errs=$(awk -F'[ ,]+' '/Socket errors/ {print $5+$7+$9+$11}' <<<"$out"); errs=${errs:-0}
     echo "$rps $non2xx $errs"
 }
 
-declare -A normal attacked bad errors
+declare -A normal attacked bad errors ratios
 for round in $(seq 1 "$ROUNDS"); do
     for f in $FRONTS; do
         p=$(port_of "$f")
         read -r rps _ _ < <(measure "$p")
         normal[$f]+="$rps "
-        python3 "$here/slowloris.py" 127.0.0.1 "$p" "$SLOW" > "$work/slow.log" 2>&1 & slow=$!
-        for _ in $(seq 1 600); do grep -q '^ready' "$work/slow.log" && break; sleep 0.1; done
-        grep -q '^ready' "$work/slow.log" || { echo "slowloris did not get going against $f" >&2; cat "$work/slow.log" >&2; exit 1; }
+        slows=()
+        for k in $(seq 1 "$NSLOW"); do
+            # Niced: on a real site the attackers' CPU is not the server's.
+            nice -n 19 python3 "$here/slowloris.py" 127.0.0.1 "$p" $(( SLOW / NSLOW )) > "$work/slow.$k.log" 2>&1 & slows+=($!)
+        done
+        for k in $(seq 1 "$NSLOW"); do
+            for _ in $(seq 1 600); do grep -q '^ready' "$work/slow.$k.log" && break; sleep 0.1; done
+            grep -q '^ready' "$work/slow.$k.log" || { echo "slowloris did not get going against $f" >&2; cat "$work/slow.$k.log" >&2; exit 1; }
+        done
+        # Measure in the steady state of the attack: once every attacker has topped its
+        # connections up again after the server's first sheds.
+        for k in $(seq 1 "$NSLOW"); do
+            for _ in $(seq 1 300); do grep -q '^round 1 ' "$work/slow.$k.log" && break; sleep 0.1; done
+        done
         read -r rps non2xx errs < <(measure "$p")
-        kill "$slow"; wait "$slow" 2>/dev/null || true
+        kill "${slows[@]}"; wait "${slows[@]}" 2>/dev/null || true
         attacked[$f]+="$rps "; bad[$f]+="$non2xx "; errors[$f]+="$errs "
-        echo "round $round $f: normal $(awk '{print $NF}' <<<"${normal[$f]}") attacked $rps non2xx $non2xx socket_errors $errs ($(head -1 "$work/slow.log"))" >&2
+        ratios[$f]+="$(awk -v a="$rps" -v n="$(awk '{print $NF}' <<<"${normal[$f]}")" 'BEGIN {printf "%.3f", a/n}') "
+        echo "round $round $f: normal $(awk '{print $NF}' <<<"${normal[$f]}") attacked $rps non2xx $non2xx socket_errors $errs (slow connections: $(cat "$work"/slow.*.log | awk '/^ready/ {n += $2} END {print n}') opened)" >&2
         sleep 2  # the held connections close
     done
 done
 
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
-echo "| front end | normal req/s | req/s under $SLOW slow connections | ratio | non-2xx | socket errors |"
+echo "| front end | normal req/s | req/s under $SLOW slow connections | ratio (median of rounds) | non-2xx | socket errors |"
 echo "|---|---:|---:|---:|---:|---:|"
 for f in $FRONTS; do
     n=$(median <<<"${normal[$f]}"); a=$(median <<<"${attacked[$f]}")
-    echo "| $f | $n | $a | $(awk -v a="$a" -v n="$n" 'BEGIN {printf "%.2f", a/n}') | $(median <<<"${bad[$f]}") | $(median <<<"${errors[$f]}") |"
+    echo "| $f | $n | $a | $(median <<<"${ratios[$f]}") | $(median <<<"${bad[$f]}") | $(median <<<"${errors[$f]}") |"
 done

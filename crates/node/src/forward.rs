@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use switchyard_upstream::{self as upstream, Connection, Deadline, Pool, Response};
+use switchyard_upstream::{self as upstream, Connection, Pool, Response};
 use tokio::time::Instant;
 
 /// Idle connections kept per peer on each worker thread.
@@ -28,9 +28,7 @@ pub const MAX_RESPONSE_HEAD: usize = 32 * 1024;
 static POOL: LazyLock<Pool> = LazyLock::new(|| Pool::new(usize::MAX, MAX_IDLE_PER_PEER));
 
 /// Send `req` to the peer at `peer` and read the final response head, all by
-/// `until`. A pooled connection that the peer has meanwhile closed fails
-/// without a byte of response: the request then goes once more on a new
-/// connection.
+/// `until`; a pooled connection the peer closed meanwhile is replaced by a new one once.
 pub(crate) async fn exchange(
     peer: SocketAddr,
     req: &[u8],
@@ -42,20 +40,7 @@ pub(crate) async fn exchange(
         head_request,
         max_head: MAX_RESPONSE_HEAD,
     };
-    let mut fresh = false;
-    loop {
-        let mut conn = if fresh {
-            upstream::connect(peer, CONNECT_TIMEOUT).await?
-        } else {
-            POOL.checkout(peer, CONNECT_TIMEOUT).await?
-        };
-        match upstream::exchange(&mut conn, req, Deadline::At(until), None).await {
-            Ok(r) => return Ok((conn, r)),
-            // Only a reused connection is retryable: the next one is new.
-            Err(f) if f.retryable => fresh = true,
-            Err(f) => return Err(f.error),
-        }
-    }
+    upstream::exchange_pooled(&POOL, peer, req, CONNECT_TIMEOUT, until).await
 }
 
 /// Keep a connection whose last response was read completely.

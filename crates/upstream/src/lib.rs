@@ -192,6 +192,33 @@ pub async fn connect(addr: SocketAddr, limit: Duration) -> Result<Connection, Er
     Ok(Connection::new(stream, addr, false))
 }
 
+/// Send `req` to `addr` over a connection from `pool` and read the final response head, all by
+/// `until`, each connect taking at most `connect_limit`. A pooled connection the peer closed
+/// meanwhile fails before any byte of response: the request then goes once more, on a new
+/// connection (only a reused connection is retryable, so there is no second retry).
+pub async fn exchange_pooled(
+    pool: &Pool,
+    addr: SocketAddr,
+    req: Request<'_>,
+    connect_limit: Duration,
+    until: Instant,
+) -> Result<(Connection, Response), Error> {
+    let mut fresh = false;
+    loop {
+        let limit = connect_limit.min(until.saturating_duration_since(Instant::now()));
+        let mut conn = if fresh {
+            connect(addr, limit).await?
+        } else {
+            pool.checkout(addr, limit).await?
+        };
+        match exchange(&mut conn, req, Deadline::At(until), None).await {
+            Ok(r) => return Ok((conn, r)),
+            Err(f) if f.retryable && !fresh => fresh = true,
+            Err(f) => return Err(f.error),
+        }
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod testing {
     use tokio::net::{TcpListener, TcpStream};

@@ -221,20 +221,8 @@ pub(crate) async fn exchange(
         head_request,
         max_head: MAX_RESPONSE_HEAD,
     };
-    let mut fresh = false;
-    loop {
-        let limit = until.saturating_duration_since(Instant::now());
-        let mut conn = if fresh {
-            upstream::connect(addr, limit).await?
-        } else {
-            pool.checkout(addr, limit).await?
-        };
-        match upstream::exchange(&mut conn, req, Deadline::At(until), None).await {
-            Ok(r) => return Ok((conn, r)),
-            Err(f) if f.retryable && !fresh => fresh = true,
-            Err(f) => return Err(f.error),
-        }
-    }
+    let connect = until.saturating_duration_since(Instant::now());
+    upstream::exchange_pooled(pool, addr, req, connect, until).await
 }
 
 /// Fetch `t` with `GET` (conditionally when `stored` is given), reading at most `max` body
