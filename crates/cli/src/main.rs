@@ -80,7 +80,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let format = cli.log_format.clone().unwrap_or(file.log.format.clone());
     runtime::init_tracing(&file.log.level, &format);
     match cli.command {
-        Command::Node(args) => node_cmd::run(args, &file),
+        Command::Node(args) => node_cmd::run(args, &file, cli.config.as_deref()),
         Command::Switch(args) => switch_cmd::run(args, &file, cli.config.as_deref()),
         Command::Demo(args) => demo::run(args),
         Command::Status(args) => status_cmd::run(args, file.switch.as_ref().and_then(|s| s.admin)),

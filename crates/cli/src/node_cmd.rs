@@ -1,7 +1,7 @@
 //! `switchyard node`.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -81,6 +81,26 @@ fn member(s: &str) -> anyhow::Result<Member> {
     })
 }
 
+/// SIGHUP: apply the config file's `[cluster]` membership to a cooperative node (members and
+/// name given as flags override the file's, as at start).
+fn reload(node: &switchyard_node::RunningNode, args: &NodeArgs, path: Option<&Path>) {
+    if !args.cooperative {
+        tracing::info!("SIGHUP ignored: only a cooperative node's membership can be reloaded; restart to apply other changes");
+        return;
+    }
+    let file = match path {
+        Some(p) => FileConfig::load(p),
+        None => Ok(FileConfig::default()),
+    };
+    let applied = file
+        .and_then(|f| cluster(args, &f))
+        .and_then(|c| node.reload_cluster(&c).map_err(anyhow::Error::from));
+    match applied {
+        Ok(()) => tracing::info!("cluster membership reloaded"),
+        Err(e) => tracing::error!(error = %format!("{e:#}"), "reload refused"),
+    }
+}
+
 /// The cluster this node joins: `[cluster]` with the flags over it.
 fn cluster(args: &NodeArgs, file: &FileConfig) -> anyhow::Result<ClusterConfig> {
     let mut c = file
@@ -149,8 +169,10 @@ impl NodeArgs {
     }
 }
 
-/// Run a node until SIGINT/SIGTERM.
-pub fn run(args: NodeArgs, file: &FileConfig) -> anyhow::Result<()> {
+/// Run a node until SIGINT/SIGTERM. In cooperative mode SIGHUP re-reads the config file and
+/// applies its `[cluster]` membership (the rest of the file takes a restart).
+pub fn run(args: NodeArgs, file: &FileConfig, path: Option<&Path>) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
     let mut cfg = args.merge(file.node.clone().unwrap_or_default());
     cfg.dynamic = file.dynamic.clone();
     if args.cooperative {
@@ -169,6 +191,9 @@ pub fn run(args: NodeArgs, file: &FileConfig) -> anyhow::Result<()> {
     // admin listener, load reports and signals.
     let rt = runtime::build(1)?;
     rt.block_on(async {
+        // Installed before the node is reachable: a SIGHUP must never find the default action
+        // (which ends the process).
+        let mut hup = signal(SignalKind::hangup())?;
         let node = switchyard_node::start(cfg)
             .await
             .context("node failed to start")?;
@@ -185,8 +210,17 @@ pub fn run(args: NodeArgs, file: &FileConfig) -> anyhow::Result<()> {
         if args.cooperative && !node.wait_for_peers(Duration::from_secs(5)).await {
             tracing::warn!("not every peer is up yet: their targets are served here meanwhile");
         }
-        let why = runtime::stop_signal(None).await;
-        tracing::info!(reason = why, "draining");
+        let stop = runtime::stop_signal(None);
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                why = &mut stop => {
+                    tracing::info!(reason = why, "draining");
+                    break;
+                }
+                _ = hup.recv() => reload(&node, &args, path),
+            }
+        }
         node.shutdown(Duration::from_secs(args.drain_secs)).await;
         Ok(())
     })

@@ -36,6 +36,9 @@ pub fn run(args: SwitchArgs, file: &FileConfig, path: Option<&Path>) -> anyhow::
     // The switch runs its own worker threads; this runtime carries only
     // health checks, load reports, the admin listener and signals.
     runtime::build(1)?.block_on(async {
+        // Installed before the switch is reachable: a SIGHUP must never find the default
+        // action (which ends the process).
+        let mut hup = signal(SignalKind::hangup())?;
         let sw = switchyard_switch::start(cfg)
             .await
             .context("switch failed to start")?;
@@ -43,7 +46,6 @@ pub fn run(args: SwitchArgs, file: &FileConfig, path: Option<&Path>) -> anyhow::
         if let Some(a) = sw.admin_addr() {
             eprintln!("switchyard switch: metrics at http://{a}/metrics");
         }
-        let mut hup = signal(SignalKind::hangup())?;
         let stop = runtime::stop_signal(None);
         tokio::pin!(stop);
         loop {

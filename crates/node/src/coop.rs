@@ -118,6 +118,8 @@ pub(crate) struct Peer {
     link: Link<()>,
     /// Clones this peer holds, waiting for their return, by connection id.
     returns: Mutex<HashMap<u64, oneshot::Sender<Return>>>,
+    /// Notified whenever `returns` becomes empty (a peer that left closes its link then).
+    idle: Notify,
     pub stats: PeerStats,
 }
 
@@ -127,8 +129,31 @@ impl Peer {
     }
 
     fn give_back(&self, id: u64, r: Return) {
-        if let Some(tx) = self.returns.lock().remove(&id) {
+        if let Some(tx) = self.forget(id) {
             let _ = tx.send(r);
+        }
+    }
+
+    /// Stop waiting for clone `id`'s return.
+    fn forget(&self, id: u64) -> Option<oneshot::Sender<Return>> {
+        let mut returns = self.returns.lock();
+        let tx = returns.remove(&id);
+        if returns.is_empty() {
+            self.idle.notify_waiters();
+        }
+        tx
+    }
+
+    /// Resolves once no clone is held by this peer.
+    async fn until_idle(&self) {
+        loop {
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self.returns.lock().is_empty() {
+                return;
+            }
+            idle.await;
         }
     }
 }
@@ -209,7 +234,8 @@ pub(crate) struct Cluster {
     next_conn: AtomicU64,
     mover: MoverConfig,
     origin: Instant,
-    pub stats: ClusterStats,
+    /// Counters, kept across membership reloads.
+    pub stats: Arc<ClusterStats>,
     /// Hot-object replication, when on.
     pub(crate) replication: Option<Arc<Replication>>,
 }
@@ -218,6 +244,17 @@ impl Cluster {
     /// The cluster of `cfg`, seen from its member `cfg.name`. Peers start down; [`Cluster::run`]
     /// brings their control connections up.
     pub(crate) fn new(cfg: &ClusterConfig) -> Result<Self, NodeError> {
+        Self::reusing(cfg, &HashMap::new(), Arc::default())
+    }
+
+    /// The cluster of `cfg`, taking over the peers of `existing` (by name) that keep their
+    /// control address: their control connections and the clones they hold carry on, and
+    /// those that are up count as up in the new owner map at once.
+    fn reusing(
+        cfg: &ClusterConfig,
+        existing: &HashMap<String, Arc<Peer>>,
+        stats: Arc<ClusterStats>,
+    ) -> Result<Self, NodeError> {
         cfg.validate().map_err(NodeError::Config)?;
         let mut ids: HashMap<NodeId, usize> = HashMap::new();
         for (i, m) in cfg.members.iter().enumerate() {
@@ -256,21 +293,25 @@ impl Cluster {
             .iter()
             .enumerate()
             .map(|(i, m)| {
-                (i != me).then(|| {
-                    Arc::new(Peer {
+                (i != me).then(|| match existing.get(&m.name) {
+                    Some(p) if p.addr == m.control => p.clone(),
+                    _ => Arc::new(Peer {
                         name: m.name.clone(),
                         id: member_id(&m.name),
                         addr: m.control.clone(),
                         link: Link::default(),
                         returns: Mutex::new(HashMap::new()),
+                        idle: Notify::new(),
                         stats: PeerStats::default(),
-                    })
+                    }),
                 })
             })
             .collect();
         // Peers are down until their control connections are up.
         for p in peers.iter().flatten() {
-            policy.node_down(p.id, Duration::ZERO);
+            if !p.is_up() {
+                policy.node_down(p.id, Duration::ZERO);
+            }
         }
         Ok(Cluster {
             me,
@@ -284,7 +325,7 @@ impl Cluster {
             next_conn: AtomicU64::new(1),
             mover: MoverConfig::symmetric(Duration::from_millis(cfg.clone_timeout_ms)),
             origin: Instant::now(),
-            stats: ClusterStats::default(),
+            stats,
             replication: None,
         })
     }
@@ -369,20 +410,14 @@ impl Cluster {
         }
     }
 
-    /// Keep the control connection to every peer up until `stop`.
-    pub(crate) fn spawn_links(
-        self: &Arc<Self>,
-        stop: watch::Receiver<bool>,
-    ) -> Vec<tokio::task::JoinHandle<()>> {
-        self.peers()
-            .map(|p| tokio::spawn(run_link(self.clone(), p.clone(), stop.clone())))
-            .collect()
-    }
-
     /// A peer's control connection came up or went down: the owner map follows.
     fn set_peer_up(&self, p: &Peer, up: bool) {
         let now = self.now();
         let mut o = self.owners.lock();
+        if !o.index.contains_key(&p.id) {
+            // Not a member (any more).
+            return;
+        }
         if up {
             o.policy.node_up(p.id, now);
         } else {
@@ -516,7 +551,7 @@ impl Cluster {
                 }
             }
             Moved::TakeBack(why) => {
-                peer.returns.lock().remove(&id);
+                peer.forget(id);
                 let f = match why {
                     TakeBackReason::NotSent => Fallback::ControlDown,
                     TakeBackReason::Refused(_) | TakeBackReason::Cancelled(_) => Fallback::Refused,
@@ -525,7 +560,7 @@ impl Cluster {
                 Cloned::Here(stream, rest, f)
             }
             Moved::Abandon(why) => {
-                peer.returns.lock().remove(&id);
+                peer.forget(id);
                 peer.stats.lost.fetch_add(1, Relaxed);
                 tracing::warn!(peer = %peer.name, id, reason = why.label(), "clone abandoned: the connection is closed unanswered");
                 drop(stream);
@@ -628,20 +663,150 @@ impl Router for Owned<'_> {
     fn flushed(&mut self) {}
 }
 
+/// The cluster in force and the control connections to its peers. A membership reload builds
+/// a new [`Cluster`] and swaps it in: connections accepted from then on use the new owner map,
+/// those already open finish with the one they started with. Peers that stay keep their
+/// control connections (the new cluster takes them over); new peers get one; a peer that left
+/// keeps its own until the clones it holds have come back, then closes it.
+pub(crate) struct Membership {
+    current: parking_lot::RwLock<Arc<Cluster>>,
+    /// The node's stop signal.
+    stop: watch::Receiver<bool>,
+    /// The control connection of each peer that has one, by name.
+    links: Mutex<HashMap<String, PeerLink>>,
+}
+
+/// A peer's control connection task, and how to retire it.
+struct PeerLink {
+    peer: Arc<Peer>,
+    /// `true`: the peer left the cluster (its task ends once the clones it holds came back).
+    retire: watch::Sender<bool>,
+}
+
+impl Membership {
+    /// `cluster` in force, its control connections kept up until `stop`.
+    pub(crate) fn start(cluster: Cluster, stop: watch::Receiver<bool>) -> Arc<Self> {
+        let m = Arc::new(Membership {
+            current: parking_lot::RwLock::new(Arc::new(cluster)),
+            stop,
+            links: Mutex::new(HashMap::new()),
+        });
+        m.link_new_peers();
+        m
+    }
+
+    /// The cluster in force.
+    pub(crate) fn current(&self) -> Arc<Cluster> {
+        self.current.read().clone()
+    }
+
+    /// Start a control connection to every peer of the current cluster that has none.
+    fn link_new_peers(self: &Arc<Self>) {
+        let cluster = self.current();
+        let mut links = self.links.lock();
+        for p in cluster.peers() {
+            if links.get(&p.name).is_some_and(|l| Arc::ptr_eq(p, &l.peer)) {
+                continue;
+            }
+            let (retire, retired) = watch::channel(false);
+            tokio::spawn(run_link(
+                self.clone(),
+                p.clone(),
+                self.stop.clone(),
+                retired,
+            ));
+            let link = PeerLink {
+                peer: p.clone(),
+                retire,
+            };
+            if let Some(old) = links.insert(p.name.clone(), link) {
+                // The same name at a new control address: the old connection retires.
+                let _ = old.retire.send(true);
+            }
+        }
+    }
+
+    /// Replace the membership by `cfg`'s. This node's name and control address cannot change,
+    /// nor can replication's settings (a restart applies those).
+    pub(crate) fn reload(self: &Arc<Self>, cfg: &ClusterConfig) -> Result<(), NodeError> {
+        let old = self.current();
+        if cfg.name != old.name() {
+            return Err(NodeError::Config(format!(
+                "[cluster]: this node's name cannot change from `{}` to `{}` without a restart",
+                old.name(),
+                cfg.name
+            )));
+        }
+        let me = cfg.me().map(|m| m.control.to_string());
+        if me.as_deref() != Some(old.controls[old.me].as_str()) {
+            return Err(NodeError::Config(
+                "[cluster]: this member's control address cannot change without a restart".into(),
+            ));
+        }
+        let existing: HashMap<String, Arc<Peer>> =
+            old.peers().map(|p| (p.name.clone(), p.clone())).collect();
+        let new = Cluster::reusing(cfg, &existing, old.stats.clone())?
+            .replicating(old.replication.clone());
+        let names: std::collections::HashSet<String> =
+            new.peers().map(|p| p.name.clone()).collect();
+        tracing::info!(
+            name = new.name(),
+            members = cfg.members.len(),
+            joined = new
+                .peers()
+                .filter(|p| !existing.contains_key(&p.name))
+                .count(),
+            left = existing.keys().filter(|n| !names.contains(*n)).count(),
+            "cluster membership reloaded"
+        );
+        *self.current.write() = Arc::new(new);
+        self.link_new_peers();
+        let mut links = self.links.lock();
+        links.retain(|name, l| {
+            let stays = names.contains(name);
+            if !stays {
+                let _ = l.retire.send(true);
+            }
+            stays
+        });
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for Membership {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Membership")
+            .field("cluster", &self.current())
+            .finish_non_exhaustive()
+    }
+}
+
 /// Keep the control connection to `peer` up until `stop`.
-async fn run_link(cluster: Arc<Cluster>, peer: Arc<Peer>, mut stop: watch::Receiver<bool>) {
+async fn run_link(
+    members: Arc<Membership>,
+    peer: Arc<Peer>,
+    mut stop: watch::Receiver<bool>,
+    mut retired: watch::Receiver<bool>,
+) {
     let mut backoff = Duration::from_millis(20);
     loop {
-        if *stop.borrow() {
+        if *stop.borrow() || *retired.borrow() {
             return;
         }
         let connected = tokio::time::timeout(Duration::from_secs(2), peer.addr.connect()).await;
         let result = match connected {
             Ok(Ok(io)) => {
                 backoff = Duration::from_millis(20);
+                // A peer that left the cluster keeps its control connection until the clones
+                // it holds have come back.
+                let left = async {
+                    let _ = retired.wait_for(|r| *r).await;
+                    peer.until_idle().await;
+                };
                 tokio::select! {
-                    r = session(&cluster, &peer, io) => r,
+                    r = session(&members, &peer, io) => r,
                     _ = stop.wait_for(|s| *s) => Ok(()),
+                    () = left => Ok(()),
                 }
             }
             Ok(Err(e)) => Err(e.to_string()),
@@ -658,16 +823,18 @@ async fn run_link(cluster: Arc<Cluster>, peer: Arc<Peer>, mut stop: watch::Recei
             });
         }
         let held: Vec<_> = peer.returns.lock().drain().collect();
+        peer.idle.notify_waiters();
         for (_, tx) in held {
             let _ = tx.send(Return::Lost);
         }
         if was_up {
-            cluster.set_peer_up(&peer, false);
+            members.current().set_peer_up(&peer, false);
             tracing::warn!(peer = %peer.name, control = %peer.addr, error = ?result.err(), "peer down: its targets move to the others");
         }
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
             _ = stop.wait_for(|s| *s) => return,
+            _ = retired.wait_for(|r| *r) => return,
         }
         backoff = (backoff * 2).min(Duration::from_secs(1));
     }
@@ -676,12 +843,13 @@ async fn run_link(cluster: Arc<Cluster>, peer: Arc<Peer>, mut stop: watch::Recei
 /// One control connection to a peer: `Hello` both ways, then the peer's answers and reports
 /// until it ends (`Ok`: cleanly, everything it wrote was read).
 async fn session(
-    cluster: &Cluster,
+    members: &Membership,
     peer: &Peer,
     (mut reader, writer): (ControlReader, switchyard_handoff::fdpass::ControlWriter),
 ) -> Result<(), String> {
     let link = &peer.link;
     let ready = link.open(switchyard_handoff::fdpass::ControlSink::new(writer));
+    let cluster = members.current();
     let hello = Message::Hello {
         name: cluster.name().to_owned(),
     };
@@ -712,12 +880,12 @@ async fn session(
                 }
                 hello = true;
                 link.set_up();
-                cluster.set_peer_up(peer, true);
+                members.current().set_peer_up(peer, true);
                 UP.notify_waiters();
                 tracing::info!(peer = %peer.name, control = %peer.addr, "peer up");
                 continue;
             }
-            on_message(cluster, peer, m, fd);
+            on_message(&cluster, peer, m, fd);
         }
     };
     tokio::select! { r = flush => r, r = read => r }
@@ -777,12 +945,12 @@ fn on_message(cluster: &Cluster, peer: &Peer, m: Message, fd: Option<OwnedFd>) {
 }
 
 /// Wait until every peer's control connection is up, or `timeout` passes.
-pub(crate) async fn wait_for_peers(cluster: &Cluster, timeout: Duration) -> bool {
+pub(crate) async fn wait_for_peers(members: &Membership, timeout: Duration) -> bool {
     let all_up = async {
         loop {
             let mut n = std::pin::pin!(UP.notified());
             n.as_mut().enable();
-            if cluster.peers().all(|p| p.is_up()) {
+            if members.current().peers().all(|p| p.is_up()) {
                 return;
             }
             n.await;
@@ -794,18 +962,18 @@ pub(crate) async fn wait_for_peers(cluster: &Cluster, timeout: Duration) -> bool
 /// Register the cluster's metrics into `registry`.
 pub(crate) fn register(
     registry: &mut prometheus_client::registry::Registry,
-    cluster: Arc<Cluster>,
+    members: Arc<Membership>,
 ) {
     registry.register(
         "switchyard_node_clone_seconds",
         "Time from a clone's Create to its owner's Accepted",
-        cluster.stats.clone_seconds.clone(),
+        members.current().stats.clone_seconds.clone(),
     );
-    registry.register_collector(Box::new(ClusterCollector(cluster)));
+    registry.register_collector(Box::new(ClusterCollector(members)));
 }
 
 #[derive(Debug)]
-struct ClusterCollector(Arc<Cluster>);
+struct ClusterCollector(Arc<Membership>);
 
 impl std::fmt::Debug for Cluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -821,7 +989,7 @@ impl prometheus_client::collector::Collector for ClusterCollector {
         mut enc: prometheus_client::encoding::DescriptorEncoder,
     ) -> Result<(), std::fmt::Error> {
         use switchyard_admin::encode::{counter, gauge, labelled};
-        let c = &self.0;
+        let c = &self.0.current();
         let per_peer = |f: fn(&PeerStats) -> &AtomicU64| {
             c.peers()
                 .map(move |p| (p.name.clone(), f(&p.stats).load(Relaxed)))

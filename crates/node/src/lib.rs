@@ -47,7 +47,7 @@
 //!    server;
 //! 5. `handoff`: the control connections, taking connections in, and the
 //!    router that asks the switch; it serves through `conn`;
-//! 6. `coop`: cooperative mode — the owner map, the control connections
+//! 6. `coop`: cooperative mode — the membership (reloaded on SIGHUP), the owner map, the control connections
 //!    to the peers, cloning a connection to the owner of its request and
 //!    taking it back; it serves through `conn`, and the peers' clones come
 //!    in through `handoff`;
@@ -101,7 +101,7 @@ pub struct RunningNode {
     workers: Workers,
     tasks: Vec<JoinHandle<()>>,
     handoff: handoff::Listeners,
-    cluster: Option<Arc<coop::Cluster>>,
+    cluster: Option<Arc<coop::Membership>>,
     rescue: Option<Arc<rescue::RescueProxy>>,
 }
 
@@ -144,6 +144,19 @@ impl RunningNode {
         match &self.cluster {
             Some(c) => coop::wait_for_peers(c, timeout).await,
             None => false,
+        }
+    }
+
+    /// Cooperative mode: replace the cluster's membership and owner map by `cfg`'s (what
+    /// SIGHUP does). Connections accepted from now on follow the new map; open ones finish
+    /// with the old. This node's name and control address, and replication's settings, take
+    /// a restart.
+    pub fn reload_cluster(&self, cfg: &ClusterConfig) -> Result<(), NodeError> {
+        match &self.cluster {
+            Some(m) => m.reload(cfg),
+            None => Err(NodeError::Config(
+                "[cluster]: the node was not started in cooperative mode".into(),
+            )),
         }
     }
 
@@ -227,6 +240,7 @@ fn limits(cfg: &NodeConfig) -> Limits {
 /// admin listener runs on the caller's runtime.
 pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
     let max_connections = max_connections(&cfg)?;
+    let (stop, stop_rx) = watch::channel(false);
     let replication = match &cfg.cluster {
         Some(c) if c.replication.enabled => Some(Arc::new(replica::Replication::new(
             &c.replication,
@@ -236,7 +250,10 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
     };
     let cluster = match &cfg.cluster {
         Some(c) => {
-            let cluster = Arc::new(coop::Cluster::new(c)?.replicating(replication.clone()));
+            let cluster = coop::Membership::start(
+                coop::Cluster::new(c)?.replicating(replication.clone()),
+                stop_rx.clone(),
+            );
             // Peers reach this node at its member address.
             match (&c.me().map(|m| m.control.clone()), &cfg.handoff_unix) {
                 (Some(ControlAddr::Unix(p)), None) => cfg.handoff_unix = Some(p.clone()),
@@ -281,7 +298,6 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
     };
     let workers = switchyard_runtime::listen::worker_count(cfg.workers);
     let (addr, listeners) = listen_reuseport(cfg.listen, workers).map_err(bind_err)?;
-    let (stop, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();
 
     let admin_addr = match cfg.admin {
@@ -301,7 +317,7 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
                     "/status.json",
                     Arc::new(move || switchyard_admin::Page {
                         content_type: "application/json",
-                        body: serde_json::to_vec(&c.status()).unwrap_or_default(),
+                        body: serde_json::to_vec(&c.current().status()).unwrap_or_default(),
                     }),
                 );
             }
@@ -378,8 +394,8 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
             return Err(e);
         }
     };
-    if let Some(c) = &cluster {
-        tasks.extend(c.spawn_links(stop_rx.clone()));
+    if let Some(m) = &cluster {
+        let c = m.current();
         tracing::info!(
             name = c.name(),
             peers = c.peers().count(),
@@ -481,7 +497,7 @@ struct Worker {
     stop: watch::Receiver<bool>,
     reporter: Option<Arc<report::Reporter>>,
     /// Cooperative mode: requests owned by peers are cloned to them.
-    cluster: Option<Arc<coop::Cluster>>,
+    cluster: Option<Arc<coop::Membership>>,
 }
 
 impl Worker {
@@ -515,7 +531,7 @@ impl Worker {
                 let stop = self.stop.clone();
                 let reporter = self.reporter.clone();
                 let live = live.clone();
-                let cluster = self.cluster.clone();
+                let cluster = self.cluster.as_ref().map(|m| m.current());
                 tokio::spawn(async move {
                     match cluster {
                         Some(c) => c.serve(ctx.clone(), stream, stop).await,

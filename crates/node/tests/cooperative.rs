@@ -479,3 +479,73 @@ fn a_clone_answered_late_is_never_served_twice() {
         }
     }
 }
+
+/// A membership reload (SIGHUP): a member joins and only the targets that now hash to it move
+/// there; it leaves again and every target goes back to where it was. Connections accepted
+/// after the reload follow the new map.
+#[test]
+fn a_reload_adds_and_removes_members_and_only_their_targets_move() {
+    let sockets = tempfile::tempdir().unwrap();
+    let dir = sockets.path().to_path_buf();
+    let member = |i: usize| Member {
+        name: format!("n{i}"),
+        control: ControlAddr::Unix(dir.join(format!("n{i}.sock"))),
+    };
+    let cluster = |name: usize, n: usize| {
+        let mut c = ClusterConfig::new(format!("n{name}"), (0..n).map(member).collect());
+        c.replication.enabled = false;
+        c
+    };
+    // n0 and n1 know only each other; n2 knows all three.
+    let nodes: Vec<Option<TestNode>> = (0..3)
+        .map(|i| {
+            let members = if i == 2 { 3 } else { 2 };
+            Some(TestNode::start(fill(i), |c| {
+                c.workers = 2;
+                c.cluster = Some(cluster(i, members));
+            }))
+        })
+        .collect();
+    let c = Cluster {
+        nodes,
+        _sockets: sockets,
+    };
+    for i in 0..3 {
+        let t = c.node(i);
+        assert!(t.rt.block_on(t.node.as_ref().unwrap().wait_for_peers(WAIT)));
+    }
+    let two = owners(&c, &[0, 1]);
+    assert!(!two.contains(&"n2".to_owned()), "{two:?}");
+
+    let reload = |i: usize, members: usize| {
+        let t = c.node(i);
+        let node = t.node.as_ref().unwrap();
+        t.rt.block_on(async { node.reload_cluster(&cluster(i, members)) })
+            .unwrap();
+        assert!(
+            t.rt.block_on(node.wait_for_peers(WAIT)),
+            "n{i}'s peers come up"
+        );
+    };
+    reload(0, 3);
+    reload(1, 3);
+    let three = owners(&c, &[0, 1, 2]);
+    let moved: Vec<usize> = (0..TARGETS).filter(|&t| two[t] != three[t]).collect();
+    for &t in &moved {
+        assert_eq!(three[t], "n2", "t{t} moved between the members that stayed");
+    }
+    assert!(
+        (1..=20).contains(&moved.len()),
+        "about a third of the targets move to the new member: {moved:?}"
+    );
+
+    // n2 leaves: every target goes back.
+    reload(0, 2);
+    reload(1, 2);
+    assert_eq!(owners(&c, &[0, 1]), two);
+    // A reload cannot rename the node.
+    let t = c.node(0);
+    let e =
+        t.rt.block_on(async { t.node.as_ref().unwrap().reload_cluster(&cluster(5, 2)) });
+    assert!(e.is_err());
+}
