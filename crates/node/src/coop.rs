@@ -414,8 +414,14 @@ impl Cluster {
     fn set_peer_up(&self, p: &Peer, up: bool) {
         let now = self.now();
         let mut o = self.owners.lock();
-        if !o.index.contains_key(&p.id) {
-            // Not a member (any more).
+        // Only this cluster's own peer counts: not a member that left, nor the old connection
+        // of a member that moved to another control address.
+        let ours = o
+            .index
+            .get(&p.id)
+            .and_then(|&i| self.peers[i].as_ref())
+            .is_some_and(|q| std::ptr::eq(Arc::as_ptr(q), p));
+        if !ours {
             return;
         }
         if up {
