@@ -331,10 +331,16 @@ pub fn ask_cache_report(out: &mut Vec<u8>) {
 /// Whether a response head accepted by [`parse`] says, in [`CACHE_HEADER`], that its body came
 /// from the node's memory cache.
 pub fn from_cache(head: &[u8]) -> bool {
-    lines(head).skip(1).any(|l| {
-        name_of(l).eq_ignore_ascii_case(CACHE_HEADER.as_bytes())
-            && value_of(l).eq_ignore_ascii_case(b"hit")
-    })
+    cache_status(head) == Some(true)
+}
+
+/// What the node's cache header says: `Some(true)` a hit, `Some(false)` a miss, `None` when the
+/// response carries no answer (not a file response, or a node that was not asked).
+pub fn cache_status(head: &[u8]) -> Option<bool> {
+    lines(head)
+        .skip(1)
+        .find(|l| name_of(l).eq_ignore_ascii_case(CACHE_HEADER.as_bytes()))
+        .map(|l| value_of(l).eq_ignore_ascii_case(b"hit"))
 }
 
 /// Whether a head written by [`forward_request_head`] stays within `limits` and the header

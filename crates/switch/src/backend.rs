@@ -44,6 +44,10 @@ pub(crate) struct Backend {
     pub handoffs: AtomicU64,
     /// Handoffs to the node that fell back (relayed or abandoned).
     pub fallbacks: AtomicU64,
+    /// Responses whose source (memory cache or not) the node reported.
+    pub cache_reported: AtomicU64,
+    /// Of those, the ones it answered from its memory cache.
+    pub cache_hits: AtomicU64,
     /// Response times of the requests it served, as the switch sees them: relayed, from the
     /// parsed head to the last byte relayed; handed off, from the dispatch to the node's
     /// `Served`.
@@ -55,6 +59,16 @@ pub(crate) struct Backend {
 }
 
 impl Backend {
+    /// A response's source as the node reported it (`None`: not reported).
+    pub fn count_cache(&self, from_cache: Option<bool>) {
+        if let Some(hit) = from_cache {
+            self.cache_reported.fetch_add(1, Relaxed);
+            if hit {
+                self.cache_hits.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
     /// A backend keeping at most `max_idle` idle connections, with a control connection per
     /// worker thread (of `workers`) when it has a control address.
     pub fn new(
@@ -78,6 +92,8 @@ impl Backend {
             connects: AtomicU64::new(0),
             handoffs: AtomicU64::new(0),
             fallbacks: AtomicU64::new(0),
+            cache_reported: AtomicU64::new(0),
+            cache_hits: AtomicU64::new(0),
             latency: LatencyHistogram::default(),
             last_report: Mutex::new(None),
             control: control.map(|c| std::sync::Arc::new(Control::new(c, workers))),

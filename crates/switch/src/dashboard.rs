@@ -49,6 +49,8 @@ pub(crate) fn sample(shared: &Shared) -> ClusterSample {
                 fallbacks: b.fallbacks.load(Relaxed),
                 failures: b.failures.load(Relaxed),
                 targets: ns.map_or(0, |n| n.targets),
+                cache_reported: b.cache_reported.load(Relaxed),
+                hits: b.cache_hits.load(Relaxed),
                 latency: b.latency.snapshot(),
             }
         })

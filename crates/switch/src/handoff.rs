@@ -613,6 +613,7 @@ fn on_message(
                 node.active.fetch_sub(1, Relaxed);
                 node.requests.fetch_add(1, Relaxed);
                 node.bytes.fetch_add(bytes, Relaxed);
+                node.count_cache(Some(from_cache));
                 shared.node_ok(node);
                 shared.metrics.count_status(status);
                 if d.counted {

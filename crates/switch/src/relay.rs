@@ -66,8 +66,9 @@ struct Choice {
 struct Exchanged {
     status: u16,
     bytes: u64,
-    /// The node says its body came from its memory cache.
-    from_cache: bool,
+    /// What the node said of its body's source: from its memory cache (`Some(true)`), not
+    /// (`Some(false)`), or nothing.
+    from_cache: Option<bool>,
     /// The client connection may carry another request.
     keep: bool,
 }
@@ -330,7 +331,7 @@ impl Client {
                 .await;
             backend.active.fetch_sub(1, Relaxed);
             let outcome = match &r {
-                Ok(x) => Outcome::ok(x.status, x.bytes, x.from_cache),
+                Ok(x) => Outcome::ok(x.status, x.bytes, x.from_cache == Some(true)),
                 Err(_) => Outcome::failed(),
             };
             if let Some(n) = choice.policy_node {
@@ -344,6 +345,7 @@ impl Client {
                     self.shared.node_ok(&backend);
                     backend.requests.fetch_add(1, Relaxed);
                     backend.bytes.fetch_add(x.bytes, Relaxed);
+                    backend.count_cache(x.from_cache);
                     self.shared.metrics.count_status(x.status);
                     let took = started.elapsed();
                     backend.latency.observe(took);
@@ -593,7 +595,7 @@ impl Client {
         }
         // A drain that started while the node worked closes the connection after this response.
         let client_keep = keep && meta.body != BodyLength::UntilClose && !self.stopping();
-        let from_cache = resp::from_cache(&r.head);
+        let from_cache = resp::cache_status(&r.head);
         self.out.clear();
         resp::client_response_head(&r.head, client_keep, http10, &mut self.out);
         let head_bytes = self.out.len() as u64;

@@ -40,7 +40,7 @@ pub fn page() -> Page {
 pub const HOT_LISTED: usize = 5;
 
 /// The columns of a node's row in an [`Update`], in order.
-pub const COLUMNS: [&str; 11] = [
+pub const COLUMNS: [&str; 12] = [
     "up",
     "rps",
     "mbps",
@@ -52,6 +52,7 @@ pub const COLUMNS: [&str; 11] = [
     "fallbacks",
     "failures",
     "targets",
+    "hit",
 ];
 
 /// What the process knows of one node at one instant: cumulative counters and gauges.
@@ -79,6 +80,10 @@ pub struct NodeSample {
     pub failures: u64,
     /// Targets the policy maps to it now.
     pub targets: u64,
+    /// Requests whose answer it said came from its memory cache or not, so far.
+    pub cache_reported: u64,
+    /// Of those, the ones answered from its memory cache.
+    pub hits: u64,
     /// Its response times so far.
     pub latency: LatencyCounts,
 }
@@ -98,6 +103,8 @@ impl NodeSample {
             fallbacks: 0,
             failures: 0,
             targets: 0,
+            cache_reported: 0,
+            hits: 0,
             latency: [0; latency::BUCKETS],
         }
     }
@@ -247,6 +254,9 @@ pub struct NodeRow {
     pub failures: Num,
     /// Targets mapped to it.
     pub targets: u64,
+    /// The share of the period's requests it answered from its memory cache, in percent (of
+    /// those whose source it reported); `None` in a period without such requests.
+    pub hit: Option<Num>,
 }
 
 type RowTuple = (
@@ -261,6 +271,7 @@ type RowTuple = (
     Num,
     Num,
     u64,
+    Option<Num>,
 );
 
 impl From<NodeRow> for RowTuple {
@@ -277,6 +288,7 @@ impl From<NodeRow> for RowTuple {
             r.fallbacks,
             r.failures,
             r.targets,
+            r.hit,
         )
     }
 }
@@ -295,6 +307,7 @@ impl From<RowTuple> for NodeRow {
             fallbacks: t.8,
             failures: t.9,
             targets: t.10,
+            hit: t.11,
         }
     }
 }
@@ -336,6 +349,8 @@ struct Prev {
     moves: u64,
     fallbacks: u64,
     failures: u64,
+    hits: u64,
+    cache_reported: u64,
 }
 
 /// Turns successive samples into updates. Pure: time comes with each sample.
@@ -423,8 +438,10 @@ impl Sampler {
                         increase(n.moves, p.moves),
                         increase(n.fallbacks, p.fallbacks),
                         increase(n.failures, p.failures),
+                        increase(n.hits, p.hits),
+                        increase(n.cache_reported, p.cache_reported),
                     ],
-                    None => [0; 5],
+                    None => [0; 7],
                 };
                 let (r, b, m) = (per_s(d[0]), per_s(d[1]), per_s(d[2]));
                 rps += r;
@@ -451,6 +468,7 @@ impl Sampler {
                     fallbacks: Num::round(per_s(d[3])),
                     failures: Num::round(per_s(d[4])),
                     targets: n.targets,
+                    hit: (d[6] > 0).then(|| Num::round(100.0 * d[5] as f64 / d[6] as f64)),
                 }
             })
             .collect();
@@ -490,6 +508,8 @@ impl Sampler {
                             moves: n.moves,
                             fallbacks: n.fallbacks,
                             failures: n.failures,
+                            hits: n.hits,
+                            cache_reported: n.cache_reported,
                         },
                     )
                 })
@@ -564,6 +584,31 @@ mod tests {
         assert_eq!(enc(-12.34), "-12.3");
         let back: Num = serde_json::from_str("1.23").unwrap();
         assert_eq!(back, Num(1.23));
+    }
+
+    #[test]
+    fn the_hit_share_is_of_the_responses_whose_source_was_reported() {
+        let mut s = Sampler::new("switch", secs(1.0), secs(5.0));
+        let with = |requests, reported, hits| NodeSample {
+            cache_reported: reported,
+            hits,
+            ..node("a", requests, 0)
+        };
+        let first = s.step(&sample(1.0, vec![with(100, 50, 10)]));
+        assert_eq!(
+            first.update.n[0].hit, None,
+            "no share without a previous sample"
+        );
+        // 100 more requests, 80 of them reported, 60 of those from the cache.
+        let second = s.step(&sample(2.0, vec![with(200, 130, 70)]));
+        assert_eq!(second.update.n[0].hit, Some(Num(75.0)));
+        // Requests, none reported: no share rather than 0%.
+        let third = s.step(&sample(3.0, vec![with(300, 130, 70)]));
+        assert_eq!(third.update.n[0].hit, None);
+        let text = serde_json::to_string(&second.update).unwrap();
+        let back: Update = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.n[0].hit, Some(Num(75.0)));
+        assert_eq!(COLUMNS.last(), Some(&"hit"));
     }
 
     #[test]
@@ -694,6 +739,8 @@ mod tests {
                         fallbacks: k * 3,
                         failures: k,
                         targets: 9_876,
+                        cache_reported: k * 9_876 + i,
+                        hits: k * 9_000 + i,
                         latency: h.snapshot(),
                         ..NodeSample::new(format!("10.0.{}.{}:8080", i / 250, i % 250))
                     }
