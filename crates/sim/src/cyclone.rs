@@ -636,6 +636,32 @@ struct Slot {
     background: bool,
 }
 
+impl Slot {
+    /// A slot with nothing to run; `background` for one that carries work left after a
+    /// response (copies sent to peers) rather than a client.
+    fn idle(background: bool) -> Self {
+        Slot {
+            seq: usize::MAX,
+            conn: ConnId(0),
+            entry: 0,
+            next: 0,
+            end: 0,
+            req: 0,
+            target: 0,
+            size: 0,
+            steps: VecDeque::new(),
+            chosen: None,
+            source: Source::Local,
+            server: 0,
+            start: 0,
+            first_byte: None,
+            measured: false,
+            closing: false,
+            background,
+        }
+    }
+}
+
 #[derive(Debug, Default, Clone, Copy)]
 struct Totals {
     requests: u64,
@@ -764,25 +790,7 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
     fn run(mut self) -> Result<CoopResult, SimError> {
         let population = (self.cfg.clients as usize).min(self.total_seqs);
         for s in 0..population {
-            self.slots.push(Slot {
-                seq: usize::MAX,
-                conn: ConnId(0),
-                entry: 0,
-                next: 0,
-                end: 0,
-                req: 0,
-                target: 0,
-                size: 0,
-                steps: VecDeque::new(),
-                chosen: None,
-                source: Source::Local,
-                server: 0,
-                start: 0,
-                first_byte: None,
-                measured: false,
-                closing: false,
-                background: false,
-            });
+            self.slots.push(Slot::idle(false));
             self.start_connection(s as u32);
         }
         self.drain();
@@ -1249,25 +1257,7 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
         let b = match self.idle.pop() {
             Some(b) => b,
             None => {
-                self.slots.push(Slot {
-                    seq: usize::MAX,
-                    conn: ConnId(0),
-                    entry: 0,
-                    next: 0,
-                    end: 0,
-                    req: 0,
-                    target: 0,
-                    size: 0,
-                    steps: VecDeque::new(),
-                    chosen: None,
-                    source: Source::Local,
-                    server: 0,
-                    start: 0,
-                    first_byte: None,
-                    measured: false,
-                    closing: false,
-                    background: true,
-                });
+                self.slots.push(Slot::idle(true));
                 (self.slots.len() - 1) as u32
             }
         };
