@@ -549,3 +549,44 @@ fn a_reload_adds_and_removes_members_and_only_their_targets_move() {
         t.rt.block_on(async { t.node.as_ref().unwrap().reload_cluster(&cluster(5, 2)) });
     assert!(e.is_err());
 }
+
+/// A member that drains while it serves a clone finishes that response and hands the
+/// connection back: the client reads the whole body and its next request on the same
+/// connection is answered by the node it connected to.
+#[test]
+fn a_draining_owner_finishes_its_clone_and_hands_the_connection_back() {
+    let mut c = Cluster::start(2);
+    // Who owns the big file, and which node the client uses: the other one.
+    let owner = {
+        let r = c.client(0).get("/big.bin");
+        assert_eq!(r.status, 200);
+        if r.body == pattern(BIG, 1) {
+            0
+        } else {
+            1
+        }
+    };
+    let entry = 1 - owner;
+    let clones_before = c.total(owner, "switchyard_node_clones_in_total");
+    let mut client = c.client(entry);
+    // The request goes to the owner; the client reads nothing yet, so the owner is still
+    // sending when it is told to stop.
+    client.send(b"GET /big.bin HTTP/1.1\r\nHost: t\r\n\r\n");
+    assert!(eventually(WAIT, || c
+        .total(owner, "switchyard_node_clones_in_total")
+        > clones_before));
+    let draining = c.nodes[owner].take().unwrap();
+    let stopped = std::thread::spawn(move || drop(draining));
+    let r = client.response(false);
+    assert_eq!(r.status, 200);
+    assert!(
+        r.body == pattern(BIG, owner as u8 + 1),
+        "the whole body, from its owner"
+    );
+    // The connection came back to its entry node, which answers the next request itself.
+    let r = client.get("/t0.txt");
+    assert_eq!(r.status, 200);
+    assert_eq!(served_by(&r.body, 0), format!("n{entry}"));
+    stopped.join().unwrap();
+    assert_eq!(c.total(entry, "switchyard_node_clones_lost_total"), 0.0);
+}
