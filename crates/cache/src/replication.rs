@@ -177,19 +177,22 @@ impl<K: Hash + Eq + Clone, P: Hash + Eq> HotTargets<K, P> {
         self.shipped
     }
 
-    /// Targets counted.
-    pub fn tracked(&self) -> usize {
-        self.counts.len()
+    /// Hot targets at `now` with their counts, in no order.
+    fn hot_at(&self, now: Duration) -> impl Iterator<Item = (&K, f64)> + '_ {
+        self.counts
+            .keys()
+            .map(move |k| (k, self.counts.count(k, now)))
+            .filter(|(_, c)| *c >= self.threshold)
+    }
+
+    /// How many targets are hot at `now`.
+    pub fn hot_count(&self, now: Duration) -> usize {
+        self.hot_at(now).count()
     }
 
     /// Hot targets at `now`, hottest first, at most `n`.
     pub fn hottest(&self, n: usize, now: Duration) -> Vec<(K, f64)> {
-        let mut hot: Vec<(K, f64)> = self
-            .counts
-            .keys()
-            .map(|k| (k.clone(), self.counts.count(k, now)))
-            .filter(|(_, c)| *c >= self.threshold)
-            .collect();
+        let mut hot: Vec<(K, f64)> = self.hot_at(now).map(|(k, c)| (k.clone(), c)).collect();
         hot.sort_by(|a, b| b.1.total_cmp(&a.1));
         hot.truncate(n);
         hot
@@ -318,24 +321,6 @@ impl<K: Hash + Eq + Clone + Send + 'static, V> Replicas<K, V> {
         }
     }
 
-    /// Whether a replica of `key` is held (fresh or not).
-    pub fn contains<Q>(&self, key: &Q) -> bool
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        self.cache.contains(key)
-    }
-
-    /// Drop every replica (the node leaves cooperative mode, or its owners changed).
-    pub fn clear(&mut self) -> Vec<V> {
-        self.cache
-            .clear()
-            .into_iter()
-            .map(|(_, c)| c.value)
-            .collect()
-    }
-
     /// Replicas held.
     pub fn len(&self) -> usize {
         self.cache.len()
@@ -359,11 +344,6 @@ impl<K: Hash + Eq + Clone + Send + 'static, V> Replicas<K, V> {
     /// Counters so far.
     pub fn stats(&self) -> ReplicaStats {
         self.stats
-    }
-
-    /// Keys held.
-    pub fn keys(&self) -> impl Iterator<Item = &K> + '_ {
-        self.cache.keys()
     }
 }
 

@@ -197,6 +197,6 @@ impl Replication {
     /// Targets this node owns that are hot now.
     pub(crate) fn hot_count(&self) -> usize {
         let now = self.now();
-        self.hot.lock().hottest(usize::MAX, now).len()
+        self.hot.lock().hot_count(now)
     }
 }

@@ -169,11 +169,6 @@ impl Store {
         self.now().saturating_sub(checked)
     }
 
-    /// How long a cached object is trusted before the disk is checked again.
-    pub fn revalidate_interval(&self) -> Duration {
-        self.revalidate
-    }
-
     /// Find the body for a clean request path.
     pub async fn resolve(&self, path: &CleanPath) -> Resolved {
         let dir_request = path.trailing_slash || path.path == "/";
