@@ -143,12 +143,16 @@ pub async fn next_head<C: ClientConn>(c: &mut C, w: HeadWait<'_>) -> Result<Requ
                 }
             }
         }
-        // About to wait for the client: send what is pending first.
-        c.before_wait().await.map_err(|_| HeadEnd::Broken)?;
+        // About to wait for the client. Listed first, then what is pending is sent: a client
+        // that has its answer finds the connection already waiting for it (so the order of
+        // waiting is the order in which answers were sent, and a client sending its next
+        // request at once cannot see its connection shed as a newer one). A connection whose
+        // client reads slowly waits on that client just as well.
         if ticket.is_none() {
             let fd = c.parts().stream.as_raw_fd();
             ticket = c.waiting_list().map(|l| l.enter(fd));
         }
+        c.before_wait().await.map_err(|_| HeadEnd::Broken)?;
         let p = c.parts();
         if p.buf.is_empty() && w.first && w.read_early && !tried_early {
             tried_early = true;

@@ -167,9 +167,20 @@ impl Client {
         }
     }
 
-    /// Whether the server closed the connection (EOF with nothing pending).
+    /// Whether the server closed the connection (EOF or a reset, with nothing pending). Waits
+    /// up to the read timeout for the close; a connection still open then is not closed.
     pub fn is_closed(&mut self) -> bool {
-        self.buf.is_empty() && matches!(self.stream.read(&mut [0u8; 1]), Ok(0) | Err(_))
+        if !self.buf.is_empty() {
+            return false;
+        }
+        match self.stream.read(&mut [0u8; 1]) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+        }
     }
 
     /// A slow client (slowloris): sends `head` and then `z`s, one byte every
