@@ -72,14 +72,30 @@ fn cache_hits_misses_and_revalidation() {
     assert_eq!(n.metric("switchyard_node_cache_hits_total"), 4.0);
     assert_eq!(n.metric("switchyard_node_cache_objects"), 1.0);
     assert_eq!(n.metric("switchyard_node_cache_bytes"), 11.0);
-    // A changed file is noticed once the revalidation interval passed.
-    std::thread::sleep(Duration::from_millis(20));
+    // A changed file is noticed once the revalidation interval (100 ms) has passed.
     write(n.root.path(), "a.txt", b"version two, longer");
-    std::thread::sleep(Duration::from_millis(150));
-    assert_eq!(c.get("/a.txt").body, b"version two, longer");
+    assert!(eventually(Duration::from_secs(10), || c.get("/a.txt").body
+        == b"version two, longer"));
     // A deleted file stops being served.
     std::fs::remove_file(n.root.path().join("b.txt")).unwrap();
     assert_eq!(c.get("/b.txt").status, 404);
+}
+
+/// Within the revalidation interval the cached copy is served as it is, even if the file
+/// changed: the node does not look at the disk for a hit.
+#[test]
+fn a_cached_copy_is_trusted_for_the_revalidation_interval() {
+    let n = TestNode::start(
+        |r| write(r, "a.txt", b"version one"),
+        |c| c.cache_revalidate_ms = 3_600_000,
+    );
+    let mut c = n.client();
+    assert_eq!(c.get("/a.txt").body, b"version one");
+    write(n.root.path(), "a.txt", b"version two, longer");
+    for _ in 0..3 {
+        assert_eq!(c.get("/a.txt").body, b"version one");
+    }
+    assert_eq!(n.metric("switchyard_node_cache_hits_total"), 3.0);
 }
 
 /// A relaying switch asks (`X-Switchyard-Relay`) whether a response came from the cache and
