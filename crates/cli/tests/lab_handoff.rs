@@ -149,6 +149,16 @@ impl Lab {
             .map_or(0.0, |v| v.trim().parse().unwrap())
     }
 
+    /// Handoffs the switch abandoned so far, for every reason.
+    fn abandoned(&self) -> f64 {
+        self.switch_metrics()
+            .lines()
+            .filter_map(|l| l.strip_prefix("switchyard_handoff_abandoned_total{"))
+            .filter_map(|r| r.rsplit_once(' '))
+            .map(|(_, v)| v.trim().parse::<f64>().unwrap())
+            .sum()
+    }
+
     fn logs(&self) -> String {
         let mut s = String::new();
         for p in self.status["processes"].as_array().unwrap() {
@@ -280,13 +290,27 @@ fn handoff_across_hosts_with_the_real_switch_and_nodes() {
     // A client reusing its source port while the old connection's entry lingers.
     lab.on_client(move || {
         for _ in 0..2 {
-            let sock =
-                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-            sock.set_reuse_address(true).unwrap();
-            sock.bind(&SocketAddr::from(([0, 0, 0, 0], 45_678)).into())
-                .unwrap();
-            sock.connect_timeout(&vip.into(), Duration::from_secs(5))
-                .unwrap();
+            // The earlier connection on this port is gone once the node has acknowledged the
+            // client's FIN; until then (a round trip, longer on a loaded host) the kernel
+            // refuses the same four-tuple.
+            let t = Instant::now();
+            let sock = loop {
+                let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+                    .unwrap();
+                sock.set_reuse_address(true).unwrap();
+                sock.bind(&SocketAddr::from(([0, 0, 0, 0], 45_678)).into())
+                    .unwrap();
+                match sock.connect_timeout(&vip.into(), Duration::from_secs(5)) {
+                    Ok(()) => break sock,
+                    Err(e)
+                        if e.kind() == std::io::ErrorKind::AddrNotAvailable
+                            && t.elapsed() < Duration::from_secs(5) =>
+                    {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    Err(e) => panic!("connect from port 45678: {e}"),
+                }
+            };
             let mut s: TcpStream = sock.into();
             s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
             s.write_all(b"GET /1k.bin HTTP/1.1\r\nHost: lab\r\nConnection: close\r\n\r\n")
@@ -371,6 +395,7 @@ fn handoff_across_hosts_with_the_real_switch_and_nodes() {
         }
     };
     let victim = lab.pid(if holder == 0 { "node0" } else { "node1" });
+    let abandoned_before = lab.abandoned();
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(victim as i32),
         nix::sys::signal::Signal::SIGKILL,
@@ -391,7 +416,21 @@ fn handoff_across_hosts_with_the_real_switch_and_nodes() {
         (ok, ended)
     });
     assert!(old_conn_ended);
-    assert_eq!(ok_after, 50, "requests after a node died\n{}", lab.logs());
+    // A connection whose handoff to the node was under way when its control connection ended
+    // has an unknown fate: the switch closes it unanswered (never serving it twice) and counts
+    // it. The requests go one at a time, so at most one can be caught so; every other is served.
+    let abandoned = lab.abandoned() - abandoned_before;
+    assert!(
+        abandoned <= 1.0,
+        "{abandoned} handoffs abandoned\n{}",
+        lab.logs()
+    );
+    assert_eq!(
+        ok_after as f64 + abandoned,
+        50.0,
+        "requests after a node died\n{}",
+        lab.logs()
+    );
     assert!(started.elapsed() < Duration::from_secs(240));
 }
 
