@@ -12,13 +12,14 @@ use std::time::{Duration, Instant};
 
 use switchyard_handoff::netns::NetNs;
 use switchyard_testkit::http::{get_once, read_response};
-use switchyard_testkit::root;
+use switchyard_testkit::{pipeline, root};
 
 fn main() {
     root::main(root::tests![
         handoff_across_hosts_with_the_real_switch_and_nodes,
         multiple_handoff_and_backend_forwarding_across_hosts,
         handoff_with_nftables_steering,
+        randomized_pipelines_across_hosts,
     ]);
 }
 
@@ -550,4 +551,45 @@ fn handoff_with_nftables_steering() {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert_eq!(lab.metric("switchyard_handoff_connections_active"), 0.0);
+}
+
+/// The randomized pipelining trials of `switchyard_testkit::pipeline` through every one-way
+/// mode across hosts (TCP_REPAIR and steering): one node per connection, moving between
+/// nodes, and back-end forwarding. `SWITCHYARD_PIPELINE_TRIALS` sets the trials per mode.
+fn randomized_pipelines_across_hosts() {
+    let site = tempfile::tempdir().unwrap();
+    pipeline::fill(site.path(), 0);
+    let root = site.path().to_str().unwrap().to_owned();
+    let (n, seed) = pipeline::trials_from_env(40);
+    for (tag, mode) in [
+        ('s', "single"),
+        ('m', "multiple-handoff"),
+        ('f', "backend-forwarding"),
+    ] {
+        let lab = Lab::up(
+            tag,
+            &[
+                "--root",
+                &root,
+                "--switch-arg=--policy=chash",
+                &format!("--switch-arg=--persistent={mode}"),
+            ],
+        );
+        let vip = lab.vip();
+        let until = Instant::now() + Duration::from_secs(10);
+        while lab.metric("switchyard_handoff_repair_total") < 1.0 {
+            let _ = lab.on_client(move || get_once(vip, "/who"));
+            assert!(Instant::now() < until, "no handoff\n{}", lab.logs());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let failures = lab.on_client(move || pipeline::run_trials(vip, n, seed, 4));
+        assert!(
+            failures.is_empty(),
+            "{mode}: {} of {n} trials failed:\n{}\n{}",
+            failures.len(),
+            failures.join("\n"),
+            lab.logs()
+        );
+        assert!(lab.metric("switchyard_handoff_repair_total") >= n as f64 / 2.0);
+    }
 }

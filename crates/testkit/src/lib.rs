@@ -10,6 +10,8 @@
 //!   tests of dynamic content.
 //! * [`fixture`]: files for document roots (deterministic contents, written
 //!   below a root).
+//! * [`pipeline`]: randomized pipelined exchanges with a per-request oracle, for stressing a
+//!   delivery mode.
 //! * [`wait`]: a bounded wait for a state that shows no event (a gauge in
 //!   `/metrics`).
 //! * [`exit`]: a process's exit as an event (a pidfd), to wait for processes
@@ -25,6 +27,7 @@ pub mod app;
 pub mod exit;
 pub mod fixture;
 pub mod http;
+pub mod pipeline;
 #[cfg(feature = "root")]
 pub mod root;
 pub mod wait;
