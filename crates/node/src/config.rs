@@ -167,7 +167,11 @@ impl DynamicConfig {
             .iter()
             .map(|c| {
                 switchyard_policy::UrlPattern::parse(&c.name, &c.pattern).map_err(|e| {
-                    let key = if c.name == HEAVY_CLASS { "heavy" } else { "paths" };
+                    let key = if c.name == HEAVY_CLASS {
+                        "heavy"
+                    } else {
+                        "paths"
+                    };
                     format!("[dynamic] {key}: {e}")
                 })
             })
@@ -206,7 +210,6 @@ impl DynamicConfig {
 pub const DYNAMIC_CLASS: &str = "dynamic";
 /// The `cap` service class of the paths of `[dynamic] heavy`.
 pub const HEAVY_CLASS: &str = "heavy";
-
 
 /// `[cluster]`: the members of a cooperative cluster (seed 000). The same table serves every
 /// member; each node finds itself in it by `name` (`switchyard node --cooperative --name n2`).
@@ -359,7 +362,15 @@ impl ClusterConfig {
 }
 
 /// Emulated disk: every read that misses the object cache waits as if a
-/// single disk served it (FIFO): `latency_us` plus size / bandwidth.
+/// single disk served it (FIFO): `latency_us` plus size / bandwidth. Waits
+/// below a millisecond are honoured (a nanosecond timer, not tokio's
+/// millisecond wheel).
+///
+/// With `o_direct`, misses are also read from the file with `O_DIRECT`
+/// (aligned to the file system's direct-I/O block size, on the blocking
+/// pool), so the page cache cannot hide the real disk; the node refuses to
+/// start when the root's file system has no disk beneath it (tmpfs, ramfs)
+/// or refuses `O_DIRECT`.
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct DiskConfig {
@@ -367,10 +378,12 @@ pub struct DiskConfig {
     pub latency_us: u64,
     /// Transfer rate in bytes per second (0: unlimited).
     pub bandwidth_bytes_per_sec: u64,
+    /// Read cache misses with `O_DIRECT`, bypassing the page cache.
+    pub o_direct: bool,
 }
 
 impl DiskConfig {
-    /// Whether any emulation is configured.
+    /// Whether a latency or bandwidth model is configured.
     pub fn enabled(&self) -> bool {
         self.latency_us > 0 || self.bandwidth_bytes_per_sec > 0
     }
