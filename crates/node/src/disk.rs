@@ -327,10 +327,8 @@ fn first_file(root: BorrowedFd<'_>, depth: usize, budget: usize) -> Option<Strin
                 format!("{dir}/{name}")
             };
             match entry.file_type() {
-                Ok(t) if t.is_file() => {
-                    if entry.metadata().is_ok_and(|m| m.len() > 0) {
-                        return Some(path);
-                    }
+                Ok(t) if t.is_file() && entry.metadata().is_ok_and(|m| m.len() > 0) => {
+                    return Some(path);
                 }
                 Ok(t) if t.is_dir() && level < depth => dirs.push((path, level + 1)),
                 _ => {}

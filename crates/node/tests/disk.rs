@@ -18,9 +18,12 @@ use common::{pattern, write, Client};
 use libtest_mimic::{Arguments, Completion, Trial};
 use switchyard_node::{NodeConfig, RunningNode};
 
+/// A test: completed, ignored with a reason, or failed with a message.
+type Test = fn() -> Result<Completion, String>;
+
 fn main() {
     let args = Arguments::from_args();
-    let tests: Vec<(&'static str, fn() -> Result<Completion, String>)> = vec![
+    let tests: Vec<(&'static str, Test)> = vec![
         (
             "o_direct_misses_read_the_disk_and_hits_do_not",
             o_direct_misses_read_the_disk_and_hits_do_not,
