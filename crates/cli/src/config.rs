@@ -19,7 +19,7 @@ pub struct FileConfig {
     /// `[switch]`: the layer-7 switch.
     pub switch: Option<switchyard_switch::SwitchConfig>,
     /// `[dynamic]`: paths a node forwards to its application server; a switch running `cap`
-    /// puts them in the service class `dynamic`.
+    /// puts them in the service classes `dynamic` and `heavy`.
     pub dynamic: Option<switchyard_node::DynamicConfig>,
     /// `[log]`: logging.
     #[serde(default)]
@@ -172,7 +172,11 @@ mod tests {
         let d = cfg.dynamic.expect("the [dynamic] table");
         assert_eq!(d.upstream.to_string(), "127.0.0.1:3000");
         assert_eq!(d.paths, ["/app/", "/api/*", "*.php"]);
-        let defaults = switchyard_node::DynamicConfig::new(d.upstream, d.paths.clone());
+        assert_eq!(d.heavy, ["/app/report/"]);
+        let defaults = switchyard_node::DynamicConfig {
+            heavy: d.heavy.clone(),
+            ..switchyard_node::DynamicConfig::new(d.upstream, d.paths.clone())
+        };
         assert_eq!(d, defaults);
         let e = FileConfig::parse("[dynamic]\nupstream = \"127.0.0.1:8000\"\npaths = [\"/a*b\"]\n")
             .unwrap_err();

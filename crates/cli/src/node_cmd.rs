@@ -38,6 +38,10 @@ pub struct NodeArgs {
     /// Emulated disk bandwidth in bytes per second.
     #[arg(long)]
     pub disk_bandwidth: Option<u64>,
+    /// Read cache misses with O_DIRECT, past the page cache (the root must be on a disk-backed
+    /// file system that takes it).
+    #[arg(long)]
+    pub disk_o_direct: bool,
     /// Switch address (its report_listen) to push load reports to.
     #[arg(long)]
     pub report_to: Option<SocketAddr>,
@@ -152,6 +156,9 @@ impl NodeArgs {
         }
         if let Some(v) = self.disk_bandwidth {
             cfg.disk.bandwidth_bytes_per_sec = v;
+        }
+        if self.disk_o_direct {
+            cfg.disk.o_direct = true;
         }
         if let Some(v) = self.report_to {
             cfg.report_to = Some(v);

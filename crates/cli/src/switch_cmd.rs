@@ -4,29 +4,23 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context;
-use switchyard_policy::{ClassSpec, PolicyKind};
+use switchyard_policy::PolicyKind;
 use switchyard_switch::{SwitchArgs, SwitchConfig};
 
 use crate::config::FileConfig;
 use crate::runtime;
 
 /// The switch's configuration: `[switch]` with the flags over it. With `cap`, the paths of
-/// `[dynamic]` form the service class `dynamic` (after the classes configured explicitly,
-/// which win where both match), so that requests the nodes send to their application servers
-/// are spread on their own.
+/// `[dynamic]` form the service classes `heavy` (its `heavy` paths) and `dynamic` (its
+/// `paths`), after the classes configured explicitly, which win where both match, so that
+/// requests the nodes send to their application servers are spread on their own.
 fn config(args: &SwitchArgs, file: &FileConfig) -> SwitchConfig {
     let mut cfg = args.merge(file.switch.clone().unwrap_or_default());
     if let (Some(d), PolicyKind::Cap) = (&file.dynamic, cfg.policy.name) {
-        cfg.policy.classes.extend(d.paths.iter().map(|p| ClassSpec {
-            name: DYNAMIC_CLASS.to_owned(),
-            pattern: p.clone(),
-        }));
+        cfg.policy.classes.extend(d.cap_classes());
     }
     cfg
 }
-
-/// The `cap` service class of the paths of `[dynamic]`.
-const DYNAMIC_CLASS: &str = "dynamic";
 
 /// Run the switch until SIGINT/SIGTERM; SIGHUP re-reads the config file
 /// and reloads it without dropping a connection.
@@ -79,8 +73,8 @@ mod tests {
     use super::*;
     use switchyard_policy::{ConnId, Request};
 
-    /// With `cap`, requests for the paths of `[dynamic]` are in the class `dynamic`, explicit
-    /// classes first; other policies' settings are left alone.
+    /// With `cap`, requests for the paths of `[dynamic]` are in the classes `heavy` and
+    /// `dynamic`, explicit classes first; other policies' settings are left alone.
     #[test]
     fn dynamic_paths_form_a_cap_class() {
         let text = r#"
@@ -92,6 +86,7 @@ mod tests {
             [dynamic]
             upstream = "127.0.0.1:8000"
             paths = ["/app/", "*.php"]
+            heavy = ["/app/report/"]
         "#;
         let file = FileConfig::parse(text).unwrap();
         let cfg = config(&SwitchArgs::default(), &file);
@@ -103,6 +98,7 @@ mod tests {
         };
         assert_eq!(class("/app/cart?id=3"), "dynamic");
         assert_eq!(class("/x/index.php"), "dynamic");
+        assert_eq!(class("/app/report/2026"), "heavy");
         assert_eq!(class("/app/img/a.png"), "images");
         assert_eq!(class("/index.html"), "default");
         let lard = FileConfig::parse(&text.replace("\"cap\"", "\"lard\"")).unwrap();

@@ -530,6 +530,28 @@ fn bad_input_gives_clear_errors() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/no/such.toml"));
+
+    // O_DIRECT over a root on tmpfs: refused at start, saying why (the node's own tests cover
+    // hosts whose /dev/shm is no tmpfs).
+    use nix::sys::statfs::{statfs, TMPFS_MAGIC};
+    if statfs("/dev/shm").is_ok_and(|s| s.filesystem_type() == TMPFS_MAGIC) {
+        let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+        std::fs::write(shm.path().join("a.txt"), b"a").unwrap();
+        let out = bin()
+            .args([
+                "node",
+                "--disk-o-direct",
+                "--listen",
+                "127.0.0.1:0",
+                "--root",
+            ])
+            .arg(shm.path())
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("o_direct") && err.contains("tmpfs"), "{err}");
+    }
 }
 
 fn demo_nodes_do_not_outlive_a_killed_demo() {

@@ -4,6 +4,10 @@
 //! without it, or with `SWITCHYARD_SKIP_ROOT_TESTS=1`, the runner reports the tests as
 //! ignored with the reason (`switchyard_testkit::root`, shared with the lab crate's
 //! root tests).
+//!
+//! A switch killed with SIGKILL leaves its steering behind (eBPF pins and the tc attachment,
+//! or its nftables table); the last two tests start another in its place and show that it
+//! replaces them rather than adding its own beside them.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -20,6 +24,8 @@ fn main() {
         multiple_handoff_and_backend_forwarding_across_hosts,
         handoff_with_nftables_steering,
         randomized_pipelines_across_hosts,
+        a_switch_started_after_a_sigkill_replaces_its_ebpf_steering,
+        a_switch_started_after_a_sigkill_replaces_its_nftables_table,
     ]);
 }
 
@@ -592,4 +598,237 @@ fn randomized_pipelines_across_hosts() {
         );
         assert!(lab.metric("switchyard_handoff_repair_total") >= n as f64 / 2.0);
     }
+}
+
+/// `cmd` run in namespace `ns` (`ip netns exec`).
+fn in_ns(ns: &str, cmd: &[&str]) -> std::process::Output {
+    Command::new("ip")
+        .args(["netns", "exec", ns])
+        .args(cmd)
+        .output()
+        .unwrap()
+}
+
+/// The id of the BPF object (`prog` or `map`) pinned at `pin`, if one is.
+fn pinned_id(kind: &str, pin: &std::path::Path) -> Option<u64> {
+    let out = Command::new("bpftool")
+        .args(["--json", kind, "show", "pinned"])
+        .arg(pin)
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    v["id"].as_u64()
+}
+
+/// The pin directory (under the switch's pin root) holding program `prog`.
+fn pin_dir_of(prog: u64) -> Option<std::path::PathBuf> {
+    let root = switchyard_handoff::steer::ebpf::DEFAULT_PIN_ROOT;
+    std::fs::read_dir(root)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|d| pinned_id("prog", &d.join("prog")) == Some(prog))
+}
+
+/// Whether a BPF object (`prog` or `map`) with this id still exists.
+fn bpf_exists(kind: &str, id: u64) -> bool {
+    Command::new("bpftool")
+        .args([kind, "show", "id", &id.to_string()])
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+/// The ids of the BPF programs attached to `eth0`'s ingress in `ns`.
+fn ingress_progs(ns: &str) -> Vec<u64> {
+    let out = in_ns(ns, &["tc", "filter", "show", "dev", "eth0", "ingress"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let words: Vec<&str> = text.split_whitespace().collect();
+    words
+        .windows(2)
+        .filter(|w| w[0] == "id")
+        .filter_map(|w| w[1].parse().ok())
+        .collect()
+}
+
+/// The switch's steering tables in `ns`.
+fn steering_tables(ns: &str) -> Vec<String> {
+    let out = in_ns(ns, &["nft", "list", "tables"]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .filter(|t| t.starts_with("sy_steer_"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A switch started by the test in the lab's switch namespace; stopped (SIGTERM, which tears
+/// its steering down) when the test ends.
+struct Replacement {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl Replacement {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Replacement {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let until = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < until {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// SIGKILL the lab's switch, wait until it is gone, and start the same command line again.
+fn kill_and_replace_switch(lab: &Lab) -> Replacement {
+    let pid = lab.pid("switch");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // Gone, or a zombie that holds nothing any more.
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().next());
+        if stat.is_empty() || state == Some("Z") {
+            break;
+        }
+        assert!(Instant::now() < until, "the switch did not die");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let cmd: Vec<String> = lab.status["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["host"] == "switch")
+        .unwrap()["cmd"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect();
+    let (ns, ip) = lab.host("switch");
+    let log = lab.state_dir.path().join("replacement-switch.log");
+    let out = std::fs::File::create(&log).unwrap();
+    let child = Command::new("ip")
+        .args(["netns", "exec", &ns])
+        .args(&cmd)
+        .stdin(std::process::Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .unwrap();
+    let r = Replacement { child, log };
+    let admin: SocketAddr = format!("{ip}:9080").parse().unwrap();
+    let up = lab.on_client(move || {
+        let until = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < until {
+            if get_once(admin, "/healthz").is_ok() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    });
+    assert!(up, "the new switch never answered\n{}", r.log());
+    r
+}
+
+/// Connections are handed off again, and all of a batch are served.
+fn handoffs_work(lab: &Lab, why: &dyn Fn() -> String) {
+    let vip = lab.vip();
+    let until = Instant::now() + Duration::from_secs(10);
+    while lab.metric("switchyard_handoff_repair_total") < 1.0 {
+        let _ = lab.on_client(move || get_once(vip, "/1k.bin"));
+        assert!(Instant::now() < until, "no handoff\n{}", why());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let before = lab.metric("switchyard_handoff_repair_total");
+    let bad = lab.on_client(move || {
+        (0..200)
+            .filter(|_| !matches!(get_once(vip, "/1k.bin"), Ok((200, b)) if b == sample(1024)))
+            .count()
+    });
+    assert_eq!(bad, 0, "{}", why());
+    let handed = lab.metric("switchyard_handoff_repair_total") - before;
+    assert!(handed >= 195.0, "{handed} of 200 handed off\n{}", why());
+}
+
+fn a_switch_started_after_a_sigkill_replaces_its_ebpf_steering() {
+    use switchyard_handoff::steer::ebpf::{MAP_NAME, STATS_NAME};
+    let lab = Lab::up('k', &[]);
+    handoffs_work(&lab, &|| lab.logs());
+    let (ns, _) = lab.host("switch");
+    let attached = ingress_progs(&ns);
+    assert_eq!(attached.len(), 1, "{attached:?}\n{}", lab.logs());
+    let old = attached[0];
+    let dir = pin_dir_of(old).unwrap_or_else(|| panic!("program {old} is pinned nowhere"));
+    let old_maps: Vec<u64> = [MAP_NAME, STATS_NAME]
+        .iter()
+        .map(|m| pinned_id("map", &dir.join(m)).unwrap_or_else(|| panic!("no pinned {m}")))
+        .collect();
+
+    let replacement = kill_and_replace_switch(&lab);
+    let why = || format!("{}\n{}", lab.logs(), replacement.log());
+    // The new switch attached its own program in place of the old one, pinned where the old
+    // one was...
+    let attached = ingress_progs(&ns);
+    assert_eq!(attached.len(), 1, "{attached:?}\n{}", why());
+    let new = attached[0];
+    assert_ne!(new, old, "the old program is still attached\n{}", why());
+    assert_eq!(pin_dir_of(new).as_ref(), Some(&dir), "{}", why());
+    // ... and nothing of the old one is left anywhere: a pin or an attachment would keep the
+    // program and its maps alive (they are freed once the last goes).
+    let until = Instant::now() + Duration::from_secs(5);
+    while bpf_exists("prog", old) || old_maps.iter().any(|&m| bpf_exists("map", m)) {
+        assert!(
+            Instant::now() < until,
+            "the old program {old} or its maps {old_maps:?} live on (pinned in {:?})\n{}",
+            pin_dir_of(old),
+            why()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    handoffs_work(&lab, &why);
+    let status = lab.switch_admin("/status.json");
+    assert!(status.contains("\"steering\":\"ebpf\""), "{status}");
+    drop(replacement);
+}
+
+fn a_switch_started_after_a_sigkill_replaces_its_nftables_table() {
+    let lab = Lab::up('t', &["--switch-arg=--steering=nftables"]);
+    handoffs_work(&lab, &|| lab.logs());
+    let (ns, _) = lab.host("switch");
+    let tables = steering_tables(&ns);
+    assert_eq!(tables.len(), 1, "{tables:?}");
+
+    let replacement = kill_and_replace_switch(&lab);
+    let why = || format!("{}\n{}", lab.logs(), replacement.log());
+    // One table, under the same name: the old one was replaced, not joined by a second.
+    assert_eq!(steering_tables(&ns), tables, "{}", why());
+    handoffs_work(&lab, &why);
+    let status = lab.switch_admin("/status.json");
+    assert!(status.contains("\"steering\":\"nftables\""), "{status}");
+    drop(replacement);
 }

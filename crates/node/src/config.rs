@@ -107,6 +107,12 @@ pub struct DynamicConfig {
     /// Matched against the normalized path (percent-decoding and dot segments resolved), the
     /// query excluded; the request goes out with its target as the client sent it.
     pub paths: Vec<String>,
+    /// Paths of heavy requests (CPU-bound pages, reports, searches), in the same grammar: the
+    /// node forwards them to the application server like `paths`, and a switch running `cap`
+    /// puts them in the service class `heavy` of their own (ahead of `dynamic`), so that a
+    /// few expensive requests are spread over the nodes apart from the cheap dynamic ones.
+    #[serde(default)]
+    pub heavy: Vec<String>,
     /// Time allowed to connect to the application server; a timeout is answered 504, a
     /// refused connection 502.
     #[serde(default = "default_dynamic_connect_timeout_ms")]
@@ -147,6 +153,7 @@ impl DynamicConfig {
         DynamicConfig {
             upstream,
             paths,
+            heavy: Vec::new(),
             connect_timeout_ms: default_dynamic_connect_timeout_ms(),
             timeout_ms: default_dynamic_timeout_ms(),
             max_idle: default_dynamic_max_idle(),
@@ -154,21 +161,42 @@ impl DynamicConfig {
         }
     }
 
-    /// The path patterns, parsed.
+    /// The path patterns the node forwards (`paths` and `heavy`), parsed.
     pub fn patterns(&self) -> Result<Vec<switchyard_policy::UrlPattern>, String> {
-        self.paths
+        self.cap_classes()
             .iter()
-            .map(|p| {
-                switchyard_policy::UrlPattern::parse("dynamic", p)
-                    .map_err(|e| format!("[dynamic] paths: {e}"))
+            .map(|c| {
+                switchyard_policy::UrlPattern::parse(&c.name, &c.pattern).map_err(|e| {
+                    let key = if c.name == HEAVY_CLASS {
+                        "heavy"
+                    } else {
+                        "paths"
+                    };
+                    format!("[dynamic] {key}: {e}")
+                })
+            })
+            .collect()
+    }
+
+    /// The service classes `cap` gives these paths: `heavy` for the paths of `heavy`, then
+    /// `dynamic` for those of `paths` (the first class whose pattern matches wins, so a heavy
+    /// path under a dynamic prefix is heavy).
+    pub fn cap_classes(&self) -> Vec<switchyard_policy::ClassSpec> {
+        let heavy = self.heavy.iter().map(|p| (HEAVY_CLASS, p));
+        let dynamic = self.paths.iter().map(|p| (DYNAMIC_CLASS, p));
+        heavy
+            .chain(dynamic)
+            .map(|(name, p)| switchyard_policy::ClassSpec {
+                name: name.to_owned(),
+                pattern: p.clone(),
             })
             .collect()
     }
 
     /// Checks the table: at least one valid path pattern, positive timeouts.
     pub fn validate(&self) -> Result<(), String> {
-        if self.paths.is_empty() {
-            return Err("[dynamic]: `paths` lists no path".into());
+        if self.paths.is_empty() && self.heavy.is_empty() {
+            return Err("[dynamic]: `paths` and `heavy` list no path".into());
         }
         self.patterns()?;
         if self.connect_timeout_ms == 0 || self.timeout_ms == 0 {
@@ -177,6 +205,11 @@ impl DynamicConfig {
         Ok(())
     }
 }
+
+/// The `cap` service class of the paths of `[dynamic] paths`.
+pub const DYNAMIC_CLASS: &str = "dynamic";
+/// The `cap` service class of the paths of `[dynamic] heavy`.
+pub const HEAVY_CLASS: &str = "heavy";
 
 /// `[cluster]`: the members of a cooperative cluster (seed 000). The same table serves every
 /// member; each node finds itself in it by `name` (`switchyard node --cooperative --name n2`).
@@ -329,7 +362,15 @@ impl ClusterConfig {
 }
 
 /// Emulated disk: every read that misses the object cache waits as if a
-/// single disk served it (FIFO): `latency_us` plus size / bandwidth.
+/// single disk served it (FIFO): `latency_us` plus size / bandwidth. Waits
+/// below a millisecond are honoured (a nanosecond timer, not tokio's
+/// millisecond wheel).
+///
+/// With `o_direct`, misses are also read from the file with `O_DIRECT`
+/// (aligned to the file system's direct-I/O block size, on the blocking
+/// pool), so the page cache cannot hide the real disk; the node refuses to
+/// start when the root's file system has no disk beneath it (tmpfs, ramfs)
+/// or refuses `O_DIRECT`.
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct DiskConfig {
@@ -337,10 +378,12 @@ pub struct DiskConfig {
     pub latency_us: u64,
     /// Transfer rate in bytes per second (0: unlimited).
     pub bandwidth_bytes_per_sec: u64,
+    /// Read cache misses with `O_DIRECT`, bypassing the page cache.
+    pub o_direct: bool,
 }
 
 impl DiskConfig {
-    /// Whether any emulation is configured.
+    /// Whether a latency or bandwidth model is configured.
     pub fn enabled(&self) -> bool {
         self.latency_us > 0 || self.bandwidth_bytes_per_sec > 0
     }
@@ -427,5 +470,25 @@ mod tests {
         assert!(bad(&|c| c.paths.clear()).contains("paths"));
         assert!(bad(&|c| c.paths.push("/a*b".into())).contains("/a*b"));
         assert!(bad(&|c| c.timeout_ms = 0).contains("timeout_ms"));
+        assert!(bad(&|c| c.heavy.push("*a*b".into())).contains("heavy"));
+        // Heavy paths alone are enough, and come first as their own class.
+        let mut h = d.clone();
+        h.paths.clear();
+        h.heavy = vec!["/report".into()];
+        h.validate().unwrap();
+        h.paths = vec!["/app/".into()];
+        let classes: Vec<_> = h
+            .cap_classes()
+            .into_iter()
+            .map(|c| (c.name, c.pattern))
+            .collect();
+        assert_eq!(
+            classes,
+            [
+                ("heavy".to_owned(), "/report".to_owned()),
+                ("dynamic".to_owned(), "/app/".to_owned())
+            ]
+        );
+        assert_eq!(h.patterns().unwrap().len(), 2);
     }
 }

@@ -187,6 +187,12 @@ enum Body {
         offset: u64,
         len: u64,
     },
+    /// Read with `O_DIRECT` piece by piece and sent ([`crate::store::Resolved::Direct`]).
+    Direct {
+        file: Arc<File>,
+        offset: u64,
+        len: u64,
+    },
 }
 
 struct Conn<'a, R: Router> {
@@ -628,6 +634,13 @@ impl<R: Router> Conn<'_, R> {
                     return Some(End::Broken);
                 }
             }
+            Body::Direct { file, offset, len } => {
+                if self.write_out(true).await.is_err()
+                    || self.send_direct(file, offset, len).await.is_err()
+                {
+                    return Some(End::Broken);
+                }
+            }
         }
         self.pending.push(started);
         if !keep {
@@ -747,6 +760,9 @@ impl<R: Router> Conn<'_, R> {
                 Source::File(SendSource::Disk(file)),
                 false,
             ),
+            Resolved::Direct(file, info) => {
+                self.entity(head, keep, &info, Source::Direct(file), false)
+            }
             Resolved::Redirect(location) => {
                 let query = head.target.find('?').map_or("", |i| &head.target[i..]);
                 let location = format!("{location}{query}");
@@ -858,6 +874,11 @@ impl<R: Router> Conn<'_, R> {
             Source::Memory(b) => Body::Bytes(b.slice(start as usize..(start + len) as usize)),
             Source::File(src) => Body::File {
                 src,
+                offset: start,
+                len,
+            },
+            Source::Direct(file) => Body::Direct {
+                file,
                 offset: start,
                 len,
             },
@@ -978,6 +999,59 @@ impl<R: Router> Conn<'_, R> {
         Ok(())
     }
 
+    /// Send `len` bytes of `file` (opened with `O_DIRECT`) from `offset`: each piece is read
+    /// on the blocking pool while no other piece is in flight, then written out. A read that
+    /// fails after the head has gone ends the connection, as a failed sendfile does.
+    async fn send_direct(&mut self, file: Arc<File>, offset: u64, len: u64) -> io::Result<()> {
+        let mut off = offset;
+        let end = offset + len;
+        while off < end {
+            let n = (end - off).min(crate::disk::DIRECT_CHUNK as u64) as usize;
+            let piece = match self.ctx.store.read_direct(file.clone(), off, n).await {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(error = %e, offset = off, "O_DIRECT read failed mid-body");
+                    return Err(e);
+                }
+            };
+            off += n as u64;
+            self.send_bytes(&piece, off < end).await?;
+        }
+        Ok(())
+    }
+
+    /// Write all of `bytes`, with MSG_MORE when `more` follows.
+    async fn send_bytes(&mut self, bytes: &[u8], more: bool) -> io::Result<()> {
+        let flags = if more {
+            MsgFlags::from_bits_retain(libc::MSG_MORE) | MsgFlags::MSG_NOSIGNAL
+        } else {
+            MsgFlags::MSG_NOSIGNAL
+        };
+        let until = tokio::time::Instant::now() + self.ctx.send_timeout;
+        let fd = self.stream.as_raw_fd();
+        let mut done = 0;
+        while done < bytes.len() {
+            let rest = &bytes[done..];
+            match self.stream.try_io(Interest::WRITABLE, || {
+                send(fd, rest, flags).map_err(io::Error::from)
+            }) {
+                Ok(n) => {
+                    done += n;
+                    self.stats.bytes += n as u64;
+                    self.ctx.metrics.bytes_out.fetch_add(n as u64, Relaxed);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if timeout_at(until, self.stream.writable()).await.is_err() {
+                        self.count_timeout();
+                        return Err(io::ErrorKind::TimedOut.into());
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
     /// Close the sending side, then read and drop what the client still
     /// sends for a moment, so that our last response is not destroyed by a
     /// reset caused by unread data (a "lingering close").
@@ -990,6 +1064,8 @@ impl<R: Router> Conn<'_, R> {
 enum Source {
     Memory(Bytes),
     File(SendSource),
+    /// A file opened with `O_DIRECT`.
+    Direct(Arc<File>),
 }
 
 #[cfg(test)]

@@ -60,6 +60,11 @@ impl Root {
         Ok(Root { dir: file.into() })
     }
 
+    /// The root directory's descriptor.
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.dir.as_fd()
+    }
+
     /// Look up `rel` (a normalized relative path, empty for the root).
     pub fn lookup(&self, rel: &str) -> Lookup {
         let rel = if rel.is_empty() { "." } else { rel };

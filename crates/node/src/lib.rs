@@ -5,7 +5,8 @@
 //! single byte ranges), keeps hot files in a byte-bounded object cache
 //! with a pluggable replacement policy (`switchyard-cache`), sends files
 //! too large for the cache with `sendfile(2)`, can emulate a slow disk for
-//! experiments, and exports Prometheus metrics on an admin listener.
+//! experiments or read misses with `O_DIRECT` past the page cache, and
+//! exports Prometheus metrics on an admin listener.
 //!
 //! The flow of one request: [`start`] binds the listener and accepts;
 //! each connection runs in `conn`, which parses request heads with

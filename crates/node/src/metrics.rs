@@ -332,6 +332,19 @@ impl Collector for NodeCollector {
             "Emulated disk reads queued or in service",
             self.store.disk_queue() as i64,
         )?;
+        let (direct_reads, direct_bytes) = self.store.direct_reads();
+        counter(
+            &mut enc,
+            "switchyard_node_disk_direct_reads",
+            "Reads of cache misses with O_DIRECT (disk.o_direct)",
+            direct_reads,
+        )?;
+        counter(
+            &mut enc,
+            "switchyard_node_disk_direct_read_bytes",
+            "Bytes asked for by O_DIRECT reads",
+            direct_bytes,
+        )?;
         encode_handoff(&mut enc, &m.handoff)?;
         encode_upstream(&mut enc, &m.upstream)
     }

@@ -9,6 +9,11 @@
 //! returned open so the connection can send them with sendfile. Either way
 //! a miss first waits on the emulated disk, when one is configured.
 //!
+//! With `disk.o_direct` a miss is read with `O_DIRECT` on tokio's blocking
+//! pool ([`crate::disk::Direct`]): a cacheable file whole, before it is
+//! cached; a larger one piece by piece as it is sent ([`Store::read_direct`]),
+//! instead of with sendfile, which would read through the page cache.
+//!
 //! Cached objects up to [`INLINE_MAX`] bytes are kept as plain byte
 //! buffers and copied behind their response head in one write. Larger ones
 //! are kept in a sealed memfd: still memory (shmem pages, counted against
@@ -33,7 +38,7 @@ use switchyard_cache::{Cache, CacheStats, PolicyKind};
 use switchyard_http::path::CleanPath;
 
 use crate::config::NodeConfig;
-use crate::disk::DiskModel;
+use crate::disk::{Direct, DiskModel};
 use crate::error::NodeError;
 use crate::fs::{read_all, FileInfo, Lookup, Root};
 
@@ -68,6 +73,9 @@ pub enum Resolved {
     },
     /// Too large for the cache (or no cache): an open file for sendfile.
     File(File, FileInfo),
+    /// Too large for the cache (or no cache), with `disk.o_direct`: a file opened with
+    /// `O_DIRECT`, sent in pieces read by [`Store::read_direct`].
+    Direct(Arc<File>, FileInfo),
     /// A directory asked for without its trailing slash.
     Redirect(String),
     NotFound,
@@ -83,6 +91,9 @@ pub struct Store {
     max_object: u64,
     revalidate: Duration,
     disk: Option<Mutex<DiskModel>>,
+    direct: Option<Direct>,
+    direct_reads: AtomicU64,
+    direct_bytes: AtomicU64,
     origin: Instant,
     index: String,
 }
@@ -104,6 +115,13 @@ impl Store {
         };
         kind.validate()
             .map_err(|e| NodeError::Config(format!("cache policy: {e}")))?;
+        let direct = if cfg.disk.o_direct {
+            let d = Direct::probe(root.fd(), &cfg.root).map_err(NodeError::Config)?;
+            tracing::info!(root = %cfg.root.display(), align = d.align(), "misses read with O_DIRECT");
+            Some(d)
+        } else {
+            None
+        };
         let cache = (cfg.cache_bytes > 0).then(|| {
             let mut c = Cache::with_kind(cfg.cache_bytes, kind);
             c.set_max_object_bytes(Some(cfg.cache_max_object_bytes));
@@ -118,6 +136,9 @@ impl Store {
                 .disk
                 .enabled()
                 .then(|| Mutex::new(DiskModel::new(&cfg.disk))),
+            direct,
+            direct_reads: AtomicU64::new(0),
+            direct_bytes: AtomicU64::new(0),
             origin: Instant::now(),
             index: cfg.index.clone(),
         })
@@ -138,6 +159,32 @@ impl Store {
     /// Emulated disk reads queued or in service.
     pub fn disk_queue(&self) -> u64 {
         self.disk.as_ref().map_or(0, |d| d.lock().queued())
+    }
+
+    /// `O_DIRECT` reads issued and the bytes they asked for (zero without `disk.o_direct`).
+    pub fn direct_reads(&self) -> (u64, u64) {
+        (
+            self.direct_reads.load(Relaxed),
+            self.direct_bytes.load(Relaxed),
+        )
+    }
+
+    /// Read `len` bytes at `offset` of a file opened with `O_DIRECT` (from
+    /// [`Resolved::Direct`]) on tokio's blocking pool, so that a slow disk stalls no worker.
+    pub async fn read_direct(
+        &self,
+        file: Arc<File>,
+        offset: u64,
+        len: usize,
+    ) -> io::Result<Vec<u8>> {
+        let direct = self
+            .direct
+            .ok_or_else(|| io::Error::other("O_DIRECT reads are not configured"))?;
+        self.direct_reads.fetch_add(1, Relaxed);
+        self.direct_bytes.fetch_add(len as u64, Relaxed);
+        tokio::task::spawn_blocking(move || direct.read(&file, offset, len))
+            .await
+            .map_err(io::Error::other)?
     }
 
     /// The key of the object a clean path names: the path itself, or the directory's index
@@ -208,28 +255,61 @@ impl Store {
             Lookup::Forbidden => return Resolved::Forbidden,
         };
         self.disk_read(info.len).await;
-        match &self.cache {
-            Some(cache) if info.len <= self.max_object => {
-                let content = match load(&file, info.len) {
-                    Ok(c) => c,
-                    Err(e) => return Resolved::Failed(e),
-                };
-                let object = Arc::new(CachedObject {
-                    content,
-                    info,
-                    validated_at: AtomicU64::new(self.now().as_nanos() as u64),
-                });
-                let size = object.info.len;
-                let outcome =
-                    cache
-                        .lock()
-                        .insert(key.into_owned(), object.clone(), size, self.now());
-                // Evicted objects are dropped here, outside the lock.
-                drop(outcome);
-                Resolved::Memory { object, hit: false }
+        let cacheable = self.cache.is_some() && info.len <= self.max_object;
+        if self.direct.is_some() {
+            // The descriptor just looked up stays for the identity check; the bytes come
+            // through a second one that bypasses the page cache.
+            let direct = match self.open_direct(&key[1..], &info) {
+                Ok(f) => Arc::new(f),
+                Err(e) => return Resolved::Failed(e),
+            };
+            if !cacheable {
+                return Resolved::Direct(direct, info);
             }
-            _ => Resolved::File(file, info),
+            let content = match self.read_direct(direct, 0, info.len as usize).await {
+                Ok(bytes) => content_of(bytes),
+                Err(e) => Err(e),
+            };
+            return match content {
+                Ok(content) => self.admit(key.into_owned(), content, info),
+                Err(e) => Resolved::Failed(e),
+            };
         }
+        if !cacheable {
+            return Resolved::File(file, info);
+        }
+        match load(&file, info.len) {
+            Ok(content) => self.admit(key.into_owned(), content, info),
+            Err(e) => Resolved::Failed(e),
+        }
+    }
+
+    /// Open `rel` with `O_DIRECT`; it must still be the file `info` describes (it may have
+    /// been replaced since it was looked up).
+    fn open_direct(&self, rel: &str, info: &FileInfo) -> io::Result<File> {
+        use std::os::unix::fs::MetadataExt;
+        let file = crate::disk::open_beneath(self.root.fd(), rel, true)?;
+        let meta = file.metadata()?;
+        if meta.ino() != info.inode || meta.len() != info.len {
+            return Err(io::Error::other("file replaced while it was opened"));
+        }
+        Ok(file)
+    }
+
+    /// Cache freshly read `content` under `key` (when there is a cache) and return it.
+    fn admit(&self, key: String, content: Content, info: FileInfo) -> Resolved {
+        let object = Arc::new(CachedObject {
+            content,
+            info,
+            validated_at: AtomicU64::new(self.now().as_nanos() as u64),
+        });
+        if let Some(cache) = &self.cache {
+            let size = object.info.len;
+            let outcome = cache.lock().insert(key, object.clone(), size, self.now());
+            // Evicted objects are dropped here, outside the lock.
+            drop(outcome);
+        }
+        Resolved::Memory { object, hit: false }
     }
 
     /// Wait as long as the emulated disk says a read of `bytes` takes.
@@ -238,7 +318,7 @@ impl Store {
         let done = disk.lock().submit(self.now(), bytes);
         // Completes the read even if the connection goes away mid-wait.
         let _guard = DiskGuard(disk);
-        tokio::time::sleep_until((self.origin + done).into()).await;
+        crate::disk::sleep_until(self.origin + done).await;
     }
 }
 

@@ -387,6 +387,20 @@ fn spawn_health(shared: &Arc<Shared>, b: Arc<Backend>) {
     tasks.push(t);
 }
 
+/// The name of a switch's steering state (eBPF pins on the host-wide BPF file system, the
+/// nftables table): its network namespace and port. Switches in other namespaces or on other
+/// ports keep apart, and a switch started where one was killed (SIGKILL leaves pins, the tc
+/// attachment and the table behind) takes the same name, so its setup replaces what its
+/// predecessor left instead of adding its own beside it.
+fn steering_instance(port: u16) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let ns = std::fs::metadata("/proc/self/ns/net").map_or_else(
+        |_| format!("pid{}", std::process::id()),
+        |m| m.ino().to_string(),
+    );
+    format!("switch-{ns}-{port}")
+}
+
 /// Bind the switch's listeners and start serving.
 ///
 /// Client connections are served by `workers` threads of their own (one per core by default),
@@ -434,12 +448,7 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
         slots_total: AtomicU32::new(max as u32),
         refusing: AtomicUsize::new(0),
         health_tasks: Mutex::new(Vec::new()),
-        // Pins live on the host-wide BPF file system: the instance name keeps switches in
-        // different namespaces (or on different ports) apart.
-        handoffs: handed::Handoffs::new(
-            &cfg,
-            &format!("switch-{}-{}", std::process::id(), addr.port()),
-        ),
+        handoffs: handed::Handoffs::new(&cfg, &steering_instance(addr.port())),
         control_up: Notify::new(),
         accepts: AcceptStats::default(),
         waiting: switchyard_runtime::shed::WaitingClients::new(),

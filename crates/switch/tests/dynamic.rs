@@ -22,17 +22,23 @@ const BODY_LIMIT: u64 = 8 << 20;
 /// Nodes serving `index.html` (naming the node) and `/app/` from the application server at
 /// `upstream`, taking handoffs on Unix sockets in `dir`.
 fn nodes(n: usize, upstream: SocketAddr, dir: &Path) -> (Vec<TestNode>, Vec<NodeEntry>) {
+    nodes_with(n, DynamicConfig::new(upstream, vec!["/app/".into()]), dir)
+}
+
+/// Nodes as [`nodes`], forwarding the paths of `dynamic`.
+fn nodes_with(n: usize, dynamic: DynamicConfig, dir: &Path) -> (Vec<TestNode>, Vec<NodeEntry>) {
     let mut nodes = Vec::new();
     let mut entries = Vec::new();
     for i in 0..n {
         let sock = dir.join(format!("node{i}.sock"));
         let s = sock.clone();
+        let d = dynamic.clone();
         let node = TestNode::start(
             |r| write(r, "index.html", format!("static {i}\n").as_bytes()),
             move |c| {
                 c.handoff_unix = Some(s);
                 c.max_body_bytes = BODY_LIMIT;
-                c.dynamic = Some(DynamicConfig::new(upstream, vec!["/app/".into()]));
+                c.dynamic = Some(d);
             },
         );
         entries.push(NodeEntry {
@@ -45,11 +51,21 @@ fn nodes(n: usize, upstream: SocketAddr, dir: &Path) -> (Vec<TestNode>, Vec<Node
 }
 
 fn switch(entries: Vec<NodeEntry>, mechanism: Mechanism) -> TestSwitch {
+    switch_with(entries, mechanism, |_| {})
+}
+
+/// A switch as [`switch`], its configuration changed by `tweak`.
+fn switch_with(
+    entries: Vec<NodeEntry>,
+    mechanism: Mechanism,
+    tweak: impl FnOnce(&mut switchyard_switch::SwitchConfig),
+) -> TestSwitch {
     let addrs: Vec<_> = entries.iter().map(|e| e.addr).collect();
     let sw = TestSwitch::start(&addrs, |c| {
         c.nodes = entries;
         c.mechanism = mechanism;
         c.max_body_bytes = BODY_LIMIT;
+        tweak(c);
     });
     if mechanism == Mechanism::Handoff {
         assert!(sw
@@ -164,6 +180,47 @@ fn a_handed_off_connection_reaches_the_application_from_the_node() {
     let upstream_after: f64 = nodes.iter().map(upstream_requests).sum();
     assert_eq!(upstream_after - upstream_before, 4.0);
     assert_eq!(taken(), before + 1);
+}
+
+/// With `cap` and the classes of `[dynamic]`, heavy requests have a round-robin pointer of
+/// their own: interleaved with cheap dynamic requests they are still spread evenly over the
+/// nodes (in one shared class every heavy request of the pattern below would land on the
+/// same node), and both kinds reach the application through the node that took them.
+#[test]
+fn cap_spreads_heavy_requests_apart_from_dynamic_ones() {
+    for mechanism in [Mechanism::Relay, Mechanism::Handoff] {
+        let dir = tempfile::tempdir().unwrap();
+        let app = App::start();
+        let mut dynamic = DynamicConfig::new(app.addr, vec!["/app/".into()]);
+        // Large generated pages stand for the expensive requests.
+        dynamic.heavy = vec!["/app/big".into()];
+        let classes = dynamic.cap_classes();
+        let (nodes, entries) = nodes_with(2, dynamic, dir.path());
+        let sw = switch_with(entries, mechanism, |c| {
+            c.policy.name = switchyard_policy::PolicyKind::Cap;
+            c.policy.classes = classes;
+        });
+        // Which node's application-server count a request moved.
+        let served_by = |target: &str, want: &[u8]| -> usize {
+            let before: Vec<f64> = nodes.iter().map(upstream_requests).collect();
+            let r = sw.client().get(target);
+            assert_eq!(r.status, 200, "{mechanism:?} {target}");
+            assert!(r.body == want, "{mechanism:?} {target}: body differs");
+            let after: Vec<f64> = nodes.iter().map(upstream_requests).collect();
+            let moved: Vec<usize> = (0..nodes.len()).filter(|&i| after[i] > before[i]).collect();
+            assert_eq!(moved.len(), 1, "{mechanism:?}: {before:?} -> {after:?}");
+            moved[0]
+        };
+        let mut heavy = [0; 2];
+        let mut cheap = [0; 2];
+        for _ in 0..4 {
+            heavy[served_by("/app/big?n=3000", &pattern(3000, 7))] += 1;
+            cheap[served_by("/app/sum?a=1&b=1", b"sum=2\n")] += 1;
+        }
+        assert_eq!(heavy, [2, 2], "{mechanism:?}: heavy requests per node");
+        assert_eq!(cheap, [2, 2], "{mechanism:?}: dynamic requests per node");
+        assert_eq!(app.seen.count_of("GET /app/big"), 4);
+    }
 }
 
 fn upstream_requests(n: &TestNode) -> f64 {
