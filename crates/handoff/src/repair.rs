@@ -553,9 +553,23 @@ fn send_all_repair(fd: RawFd, mut data: &[u8], what: &'static str) -> Result<()>
 /// `arp_announce=2`), and packets of the 4-tuple that arrive before the
 /// restore completes must be dropped, not reset (see
 /// [`crate::steer::NoSocketDrop`]). Returns a blocking socket, out of repair
-/// mode, with `SO_REUSEADDR` set.
-pub fn restore(state: &RepairState, local: SocketAddr, peer: SocketAddr) -> Result<OwnedFd> {
+/// mode, with `SO_REUSEADDR` set, and the bytes the dumped socket had queued
+/// but not yet sent, which the caller writes before anything else.
+pub fn restore(state: &RepairState, local: SocketAddr, peer: SocketAddr) -> Result<Restored> {
     restore_with(state, local, peer, RestoreOptions::default())
+}
+
+/// A restored connection.
+#[derive(Debug)]
+pub struct Restored {
+    /// The socket: blocking, out of repair mode.
+    pub fd: OwnedFd,
+    /// Bytes the dumped socket had queued but never sent (a response the
+    /// dumping side was still writing). They are the first bytes the caller
+    /// must write. They are not written here: the client may not be reading,
+    /// and a blocking write would hold whatever thread restores (an async
+    /// worker, with every other connection on it) for as long as it waits.
+    pub unsent: Vec<u8>,
 }
 
 /// Choices of [`restore_with`].
@@ -566,7 +580,12 @@ pub struct RestoreOptions {
     /// `false` it leaves with `TCP_REPAIR_OFF_NO_WP` and the first segment
     /// out is the response itself. The probe costs about 15 µs of the
     /// restore on a veth lab (the peer's receive path runs inline) and is
-    /// not needed when the taker answers at once.
+    /// not needed when the taker answers at once. A connection restored with
+    /// bytes in its send queue always gets the probe: bytes restored as sent
+    /// are in no retransmission timer's care until an acknowledgement
+    /// arrives, and acknowledgements the client sent while the connection
+    /// moved were dropped, so without the probe's answer the connection could
+    /// wait for ever on a window it believes full.
     pub window_probe: bool,
 }
 
@@ -582,7 +601,7 @@ pub fn restore_with(
     local: SocketAddr,
     peer: SocketAddr,
     ropts: RestoreOptions,
-) -> Result<OwnedFd> {
+) -> Result<Restored> {
     let family = if local.is_ipv4() {
         libc::AF_INET
     } else {
@@ -698,7 +717,7 @@ pub fn restore_with(
         "setsockopt(TCP_REPAIR_WINDOW)",
         setsockopt_raw(fd, tcp, TCP_REPAIR_WINDOW, &state.window),
     )?;
-    let off: libc::c_int = if ropts.window_probe {
+    let off: libc::c_int = if ropts.window_probe || !state.send_queue.is_empty() {
         0
     } else {
         TCP_REPAIR_OFF_NO_WP
@@ -711,14 +730,10 @@ pub fn restore_with(
         "setsockopt(SO_REUSEADDR) after repair",
         set_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1),
     )?;
-    if unsent > 0 {
-        send_all_repair(
-            fd,
-            &state.send_queue[state.send_queue.len() - unsent..],
-            "send unsent bytes",
-        )?;
-    }
-    Ok(sock)
+    Ok(Restored {
+        fd: sock,
+        unsent: state.send_queue[state.send_queue.len() - unsent..].to_vec(),
+    })
 }
 
 #[cfg(test)]

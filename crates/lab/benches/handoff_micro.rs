@@ -115,7 +115,11 @@ fn main() {
                 window_probe: probe,
             };
             let fd = match repair::restore_with(&state, local, client, opts) {
-                Ok(fd) => fd,
+                Ok(r) if r.unsent.is_empty() => r.fd,
+                Ok(r) => {
+                    eprintln!("{client}: {} bytes left unsent by the dump", r.unsent.len());
+                    std::process::exit(1);
+                }
                 Err(e) => {
                     eprintln!("restore failed for {client}: {e}");
                     std::process::exit(1);

@@ -19,6 +19,7 @@ fn main() {
         curl_keepalive_and_pipelined_through_a_handoff,
         five_megabytes_and_multiple_handoff_on_one_connection,
         bytes_arriving_after_a_dump_reach_the_taker,
+        a_response_still_being_sent_moves_with_its_connection,
         refused_handoff_falls_back_to_the_switch,
         client_reusing_a_source_port_ebpf,
         client_reusing_a_source_port_nftables,
@@ -205,7 +206,11 @@ fn bytes_arriving_after_a_dump_reach_the_taker() {
         client.write_all(b"GET /next HTTP/1.1\r\n\r\n")?;
         drop(fd); // repair mode: nothing sent
         let restored = repair::restore(&state, local, peer).expect("restore");
-        let mut taker = TcpStream::from(restored);
+        assert!(
+            restored.unsent.is_empty(),
+            "the served response was acknowledged"
+        );
+        let mut taker = TcpStream::from(restored.fd);
         taker.set_read_timeout(Some(Duration::from_secs(10)))?;
         let mut req = vec![0u8; 22];
         let r = taker.read_exact(&mut req);
@@ -222,6 +227,81 @@ fn bytes_arriving_after_a_dump_reach_the_taker() {
     })
     .expect("the request reaches the restored socket");
     assert_eq!(got, b"GET /next HTTP/1.1\r\n\r\n");
+}
+
+/// A connection moves while a response is still being sent to a client that is not reading
+/// (its window closed, most of the response unsent): the restore returns at once with the
+/// unsent bytes instead of waiting on the client, and once they are written the client
+/// receives the whole response, in order, from the restored socket.
+fn a_response_still_being_sent_moves_with_its_connection() {
+    let _w = watchdog("a_response_still_being_sent", Duration::from_secs(60));
+    let lab = common::LabGuard::new(1, 1, None);
+    let body: Vec<u8> = (0..4_000_000u32)
+        .map(|i| (i * 7 + i / 4096) as u8)
+        .collect();
+    let expect = body.clone();
+    let got = in_ns(lab.ns("client0"), move || -> std::io::Result<Vec<u8>> {
+        use std::io::Read;
+        use std::os::fd::AsRawFd;
+        use std::os::fd::{AsFd, OwnedFd};
+        use switchyard_handoff::repair;
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        // An Ethernet-sized MSS (loopback's is above what TCP_MAXSEG takes).
+        let c = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+        let mss: libc::c_int = 1460;
+        // SAFETY: a valid int option on a live socket.
+        let r = unsafe {
+            libc::setsockopt(
+                c.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_MAXSEG,
+                &mss as *const _ as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(r, 0, "TCP_MAXSEG: {}", std::io::Error::last_os_error());
+        c.connect(&l.local_addr()?.into())?;
+        let mut client: TcpStream = c.into();
+        client.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let (served, peer) = l.accept()?;
+        let local = served.local_addr()?;
+        // Write until the socket takes no more: the client reads nothing yet.
+        served.set_nonblocking(true)?;
+        let mut at = 0;
+        let mut w = &served;
+        while at < body.len() {
+            match w.write(&body[at..]) {
+                Ok(n) => at += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        assert!(at < body.len(), "the whole body fit into the socket");
+        let fd: OwnedFd = served.into();
+        let state = repair::dump(fd.as_fd()).expect("dump");
+        drop(fd); // repair mode: nothing sent
+        let restored = repair::restore(&state, local, peer).expect("restore");
+        assert!(
+            !restored.unsent.is_empty(),
+            "nothing was left unsent: {} queued",
+            state.send_queue.len()
+        );
+        let mut taker = TcpStream::from(restored.fd);
+        let unsent = restored.unsent;
+        let rest = body[at..].to_vec();
+        let writer = std::thread::spawn(move || -> std::io::Result<()> {
+            taker.write_all(&unsent)?;
+            taker.write_all(&rest)?;
+            taker.shutdown(std::net::Shutdown::Write)
+        });
+        let mut got = Vec::new();
+        client.read_to_end(&mut got)?;
+        writer.join().unwrap()?;
+        Ok(got)
+    })
+    .expect("the response arrives whole");
+    assert_eq!(got.len(), expect.len());
+    assert!(got == expect, "the response arrived out of order");
 }
 
 fn refused_handoff_falls_back_to_the_switch() {

@@ -48,6 +48,7 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use parking_lot::{Mutex, RwLock};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream, UnixListener};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot, watch, Notify, OwnedSemaphorePermit, Semaphore};
@@ -523,7 +524,7 @@ impl Receiver {
         let Some((worker, live)) = self.pick_worker() else {
             return refuse(DropReason::ShuttingDown, "no worker is running".into());
         };
-        let (sock, kind) = match transfer {
+        let (sock, kind, unsent) = match transfer {
             Transfer::Fd => {
                 let Some(fd) = fd else {
                     return refuse(DropReason::Other, "no descriptor arrived".into());
@@ -537,7 +538,7 @@ impl Receiver {
                         )
                     }
                 }
-                (fd, Kind::Fd)
+                (fd, Kind::Fd, Vec::new())
             }
             Transfer::Repair(state) => {
                 let started = Instant::now();
@@ -549,9 +550,9 @@ impl Receiver {
                     window_probe: false,
                 };
                 match repair::restore_with(&state, local, client, ropts) {
-                    Ok(fd) => {
+                    Ok(r) => {
                         m.restore_seconds.observe(started.elapsed().as_secs_f64());
-                        (fd, Kind::Repair)
+                        (r.fd, Kind::Repair, r.unsent)
                     }
                     Err(e) => {
                         let reason = if e.is_no_privilege() {
@@ -623,6 +624,19 @@ impl Receiver {
                 me.ctx.metrics.connections_active.fetch_sub(1, Relaxed);
                 drop((permit, live));
                 return;
+            }
+            // What the switch was still sending when it dumped the connection (the tail of a
+            // response it relayed) goes out first.
+            // A client that does not take it in time is cut off, and the connection ends by its
+            // ordinary path.
+            let mut stream = stream;
+            if !unsent.is_empty() {
+                let wrote =
+                    tokio::time::timeout(me.ctx.send_timeout, stream.write_all(&unsent)).await;
+                if !matches!(wrote, Ok(Ok(()))) {
+                    tracing::debug!(id, %client, "the tail of the switch's response could not be sent");
+                    let _ = socket2::SockRef::from(&stream).shutdown(std::net::Shutdown::Both);
+                }
             }
             me.run(
                 ctl,

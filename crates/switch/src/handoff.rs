@@ -57,6 +57,7 @@ use switchyard_handoff::repair;
 use switchyard_handoff::steer::{self, Flow, Target};
 use switchyard_http::request::{self, ParseOutcome};
 use switchyard_policy::{ConnId, Decision, NodeId, Outcome, PolicyKind, Request as PolicyRequest};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::backend::Backend;
@@ -863,20 +864,29 @@ async fn pass_on(
         h.unsteer(f, id);
     }
     finish(shared, c);
-    let stream = match (transfer, fd) {
-        (Transfer::Fd, Some(fd)) => Some(std::net::TcpStream::from(fd)),
+    let (stream, unsent) = match (transfer, fd) {
+        (Transfer::Fd, Some(fd)) => (std::net::TcpStream::from(fd), Vec::new()),
         (Transfer::Repair(state), _) => match repair::restore(&state, local, peer) {
-            Ok(fd) => Some(std::net::TcpStream::from(fd)),
+            Ok(r) => (std::net::TcpStream::from(r.fd), r.unsent),
             Err(e) => {
                 tracing::warn!(error = %e, %peer, "cannot take a handed-back connection back; it is lost");
-                None
+                return None;
             }
         },
-        _ => None,
+        _ => return None,
     };
-    let stream = stream.and_then(|s| {
-        s.set_nonblocking(true).ok()?;
-        TcpStream::from_std(s).ok()
-    })?;
+    stream.set_nonblocking(true).ok()?;
+    let mut stream = TcpStream::from_std(stream).ok()?;
+    // What the node was still sending when it dumped the connection goes out first.
+    if !unsent.is_empty() {
+        let send = Duration::from_millis(gen.cfg.send_timeout_ms);
+        match tokio::time::timeout(send, stream.write_all(&unsent)).await {
+            Ok(Ok(())) => {}
+            _ => {
+                tracing::debug!(%peer, "the tail of a handed-back response could not be sent");
+                return None;
+            }
+        }
+    }
     Some((stream, peer, local, BytesMut::from(&preread[..])))
 }

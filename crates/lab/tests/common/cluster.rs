@@ -473,14 +473,21 @@ async fn node_main(
                         detail: format!("{name}: {e}; sockets to {client}: {held}"),
                     });
                 }
-                Ok(fd) => {
+                Ok(restored) => {
                     let _ = tx.send(Message::Accepted { id });
-                    let std = std::net::TcpStream::from(fd);
+                    let std = std::net::TcpStream::from(restored.fd);
                     std.set_nonblocking(true).unwrap();
-                    let s = TcpStream::from_std(std).unwrap();
+                    let mut s = TcpStream::from_std(std).unwrap();
+                    let unsent = restored.unsent;
                     let tx = tx.clone();
                     let name = name.clone();
                     tokio::spawn(async move {
+                        if !unsent.is_empty() {
+                            use tokio::io::AsyncWriteExt;
+                            if s.write_all(&unsent).await.is_err() {
+                                return;
+                            }
+                        }
                         match serve(s, preread, &name, true).await {
                             ServeEnd::Closed { requests, bytes } => {
                                 let _ = tx.send(Message::Closed {
