@@ -98,7 +98,11 @@ fn the_package_holds_binary_units_and_conffile_and_its_binary_runs() {
     let dpkg = |args: &[&str]| {
         let mut c = Command::new("dpkg");
         c.arg(format!("--root={}", root.display()))
-            .args(["--log=/dev/null", "--force-script-chrootless", "--force-not-root"])
+            .args([
+                "--log=/dev/null",
+                "--force-script-chrootless",
+                "--force-not-root",
+            ])
             .args(args);
         c
     };
@@ -185,7 +189,10 @@ fn the_package_holds_binary_units_and_conffile_and_its_binary_runs() {
 
     // Removing the package takes the binary and keeps the edited configuration (a conffile).
     let conf = root.join("etc/switchyard/switchyard.toml");
-    let edited = format!("{}\n# edited here\n", std::fs::read_to_string(&conf).unwrap());
+    let edited = format!(
+        "{}\n# edited here\n",
+        std::fs::read_to_string(&conf).unwrap()
+    );
     std::fs::write(&conf, &edited).unwrap();
     run(&mut dpkg(&["--remove", "switchyard"]));
     assert!(!bin.exists(), "the binary outlived the package");
@@ -198,7 +205,11 @@ fn the_package_holds_binary_units_and_conffile_and_its_binary_runs() {
 /// fails the test (systemd-analyze exits 0 on unknown keys). Without systemd-analyze the check
 /// is skipped and says so.
 fn verify_units(units: &[PathBuf], root: &Path, scratch: &Path) {
-    if Command::new("systemd-analyze").arg("--version").output().is_err() {
+    if Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
         eprintln!("package test: systemd-analyze is missing (Debian package systemd): unit verification skipped");
         return;
     }
