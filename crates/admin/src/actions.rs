@@ -53,7 +53,7 @@ fn fresh_token() -> std::io::Result<String> {
 
 /// What an action request gets.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Verdict {
+pub enum Verdict {
     /// Run it.
     Run,
     /// Refuse it with 403 and this reason.
@@ -94,8 +94,9 @@ impl Actions {
         }
     }
 
-    /// Judge a POST whose raw head is `head`.
-    pub(crate) fn judge(&self, head: &[u8], host: Option<&str>) -> Verdict {
+    /// Judge a POST whose raw head (as the strict parser accepted it) is `head`, reached at
+    /// `host` (its Host header).
+    pub fn judge(&self, head: &[u8], host: Option<&str>) -> Verdict {
         if !(self.enabled)() {
             return Verdict::Forbidden(
                 "actions are off: the admin setting (admin_actions = true) turns them on",
@@ -129,7 +130,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// The value of header `name` (lower case) in a request head the strict parser accepted. The
 /// parser keeps only the headers the data path acts on; this reads the one or two others the
 /// admin listener needs straight from the validated bytes.
-pub(crate) fn header<'a>(head: &'a [u8], name: &str) -> Option<&'a str> {
+pub fn header<'a>(head: &'a [u8], name: &str) -> Option<&'a str> {
     let text = std::str::from_utf8(head).ok()?;
     text.split("\r\n").skip(1).find_map(|line| {
         let (k, v) = line.split_once(':')?;

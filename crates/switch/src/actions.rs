@@ -14,22 +14,39 @@ use crate::state::Shared;
 
 /// What the operator asks of a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Verb {
+pub enum Verb {
+    /// No new requests; those in flight finish.
     Drain,
+    /// Out at once.
     Down,
+    /// Back in service.
     Up,
 }
 
 /// One parsed action.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Action {
+pub struct Action {
+    /// The node's index in the generation.
     pub node: usize,
+    /// What to do.
     pub verb: Verb,
+    /// The configuration generation the index belongs to.
     pub generation: u64,
 }
 
+impl Verb {
+    /// The verb as written in the path.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Drain => "drain",
+            Verb::Down => "down",
+            Verb::Up => "up",
+        }
+    }
+}
+
 /// Parse `nodes/ID/VERB?g=GEN` (the target after `/actions/`).
-pub(crate) fn parse(rest: &str) -> Result<Action, &'static str> {
+pub fn parse(rest: &str) -> Result<Action, &'static str> {
     let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
     let mut parts = path.split('/');
     let (Some("nodes"), Some(id), Some(verb), None) =

@@ -103,7 +103,7 @@
 pub mod config;
 pub mod metrics;
 
-mod actions;
+pub mod actions;
 mod backend;
 mod control;
 mod counters;
