@@ -410,7 +410,7 @@ fn run_cooperative(
         members.push(format!("n{}={admin}", i + 1));
     }
     let mut nodes = Vec::new();
-    for i in 0..args.nodes {
+    for (i, &admin) in admins.iter().enumerate() {
         let mut extra = vec![
             "--cooperative".to_owned(),
             "--name".to_owned(),
@@ -421,7 +421,7 @@ fn run_cooperative(
             dir,
             args.cache_bytes,
             args.listen,
-            admins[i],
+            admin,
             &control(i),
             &extra,
         )
@@ -430,7 +430,7 @@ fn run_cooperative(
                 "node n{} did not start (is {} or {} in use? pick others with --listen/--admin)",
                 i + 1,
                 args.listen,
-                admins[i]
+                admin
             )
         })?;
         nodes.push(n);
