@@ -12,7 +12,9 @@
 //! `/actions.json` (the listener sends no CORS headers), and cannot add a custom header to a
 //! cross-origin request without a preflight `OPTIONS`, which the listener refuses. The token
 //! changes with every start of the process. A browser's `Origin` naming another host is
-//! refused outright as well.
+//! refused outright as well. This guards the operator's browser, not the listener: anyone who
+//! can reach the admin listener can read the token and act, so it belongs on an operators'
+//! address.
 
 use std::sync::Arc;
 
