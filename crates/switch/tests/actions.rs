@@ -221,3 +221,62 @@ fn with_the_setting_a_drain_holds_a_node_out_until_it_is_put_up() {
     assert_eq!(r.status, 403);
     assert!(!sw.node_up(nodes[1].addr), "still held down");
 }
+
+/// A node drained with a request in flight shows draining until that request is answered (it
+/// is, in full), then drained.
+#[test]
+fn a_drain_lets_the_request_in_flight_finish() {
+    use std::sync::mpsc;
+    use std::sync::{Arc, Mutex};
+    // Both nodes hold `/slow` until the test releases it; anything else (health checks) is
+    // answered at once.
+    let (release, gate) = mpsc::channel::<()>();
+    let gate = Arc::new(Mutex::new(gate));
+    let node = |gate: Arc<Mutex<mpsc::Receiver<()>>>| {
+        fake_node(move |req| {
+            if req.starts_with(b"GET /slow ") {
+                let _ = gate.lock().unwrap().recv_timeout(Duration::from_secs(20));
+            }
+            Some(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\ndone".to_vec())
+        })
+        .0
+    };
+    let nodes = [node(gate.clone()), node(gate)];
+    let sw = TestSwitch::start(&nodes, |c| c.admin_actions = true);
+    let admin = sw.sw().admin_addr().unwrap();
+    let token = json(&exchange(
+        admin,
+        "GET /actions.json HTTP/1.1\r\nHost: t\r\n\r\n",
+    ))["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let g = generation(admin);
+    let mut stream = Stream::open(admin);
+
+    let addr = sw.addr;
+    let slow = std::thread::spawn(move || Client::connect(addr).get("/slow"));
+    let mut busy = None;
+    for _ in 0..5 {
+        if let Some(i) = stream.update().n.iter().position(|r| r.conns == 1) {
+            busy = Some(i);
+            break;
+        }
+    }
+    let i = busy.expect("the slow request shows in flight on a node");
+    let r = post(
+        admin,
+        &format!("/actions/nodes/{i}/drain?g={g}"),
+        &format!("X-Switchyard-Token: {token}\r\n"),
+    );
+    let said = json(&r);
+    assert_eq!(
+        (said["state"].as_str(), said["in_flight"].as_u64()),
+        (Some("draining"), Some(1))
+    );
+    assert!(stream.until(i, State::Draining, 5));
+    release.send(()).unwrap();
+    let answer = slow.join().unwrap();
+    assert_eq!((answer.status, answer.body.as_slice()), (200, &b"done"[..]));
+    assert!(stream.until(i, State::Drained, 5));
+}
