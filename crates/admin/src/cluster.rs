@@ -2,6 +2,9 @@
 //! their control connections, where this node's requests went (the owner map at work), clones,
 //! and hot-object replication. Every member serves its own view; the types are what the node
 //! serializes and what a reader of the page deserializes.
+//!
+//! [`MemberSample`] is what a member serves at `/member.json` for the others' dashboards: its
+//! own cumulative figures, from which any member builds the whole cluster's update.
 
 use std::collections::BTreeMap;
 
@@ -61,4 +64,48 @@ pub struct ReplicationStatus {
     /// Targets this node owns that are hot now, hottest first (at most ten): target and aged
     /// reference count.
     pub hottest: Vec<(String, f64)>,
+}
+
+/// One member's own figures at one instant (`/member.json`): cumulative counters and gauges,
+/// so that a reader that misses one loses nothing (rates come from the difference of two).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemberSample {
+    /// Its member name.
+    pub name: String,
+    /// Responses it sent so far.
+    pub requests: u64,
+    /// Response bytes it sent so far.
+    pub bytes: u64,
+    /// Client connections open on it now.
+    pub connections: u64,
+    /// Its own load in its owner map (requests in flight it serves as owner).
+    pub load: f64,
+    /// Targets its owner map gives it now (`lard`-family maps; 0 for `chash`, which keeps no
+    /// table).
+    pub targets: u64,
+    /// Clones peers moved to it and it took, so far.
+    pub clones_in: u64,
+    /// Clones it gave back, so far.
+    pub hand_backs: u64,
+    /// Connections it cloned to an owner and lost (the owner's control connection ended while
+    /// the owner held them, or nobody knows whether the owner took them), so far.
+    pub clones_lost: u64,
+    /// Requests owned by a peer that it served after all, so far, by reason.
+    pub fallbacks: BTreeMap<String, u64>,
+    /// Requests whose source (memory cache or disk) it knows, so far.
+    pub cache_lookups: u64,
+    /// Of those, answered from its memory cache.
+    pub cache_hits: u64,
+    /// Its response times so far: cumulative counts per bucket of
+    /// `switchyard_admin::dashboard::latency` (trailing empty buckets left out).
+    pub latency: Vec<u64>,
+    /// Copies of peers' hot objects it holds now; `None` with replication off.
+    pub replicas: Option<u64>,
+    /// Targets in its owner map (`lard` family), and extra (target, member) mappings.
+    pub targets_mapped: u64,
+    /// Extra (target, member) mappings beyond the first per target.
+    pub map_replicas: u64,
+    /// The targets most requested of it during its last one-second period, most first:
+    /// target, the member owning it, requests.
+    pub hot: Vec<(String, String, u64)>,
 }

@@ -3,11 +3,13 @@
 //! It answers a handful of small GET endpoints over HTTP/1.1 with
 //! keep-alive: `/metrics` (Prometheus text exposition from a
 //! `prometheus_client` registry), `/healthz`, and any extra routes the
-//! process registers (a status page, JSON state) and streams of
-//! server-sent events (the live dashboard, [`dashboard`]). It is deliberately
+//! process registers (a status page, JSON state), streams of
+//! server-sent events (the live dashboard, [`dashboard`]) and, when the process offers them,
+//! operator actions by POST ([`actions`]: off unless configured). It is deliberately
 //! tiny and shares the request parser of the data path, so it has the same
 //! limits and the same answers to bad input.
 
+pub mod actions;
 pub mod cluster;
 pub mod dashboard;
 pub mod encode;
@@ -35,6 +37,8 @@ pub enum AdminError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("cannot draw the admin actions' token from /dev/urandom: {0}")]
+    Token(std::io::Error),
 }
 
 /// A body produced on demand for an extra route.
@@ -54,6 +58,7 @@ pub struct Admin {
     registry: Arc<std::sync::Mutex<Registry>>,
     routes: HashMap<String, RouteFn>,
     streams: HashMap<String, dashboard::feed::Feed>,
+    actions: Option<actions::Actions>,
 }
 
 impl Admin {
@@ -63,6 +68,7 @@ impl Admin {
             registry: Arc::new(std::sync::Mutex::new(registry)),
             routes: HashMap::new(),
             streams: HashMap::new(),
+            actions: None,
         }
     }
 
@@ -76,6 +82,12 @@ impl Admin {
     /// viewer, held until the viewer leaves or the listener stops).
     pub fn events(mut self, path: &str, feed: dashboard::feed::Feed) -> Self {
         self.streams.insert(path.to_owned(), feed);
+        self
+    }
+
+    /// Offer operator actions: `GET /actions.json` and `POST /actions/…` ([`actions`]).
+    pub fn actions(mut self, a: actions::Actions) -> Self {
+        self.actions = Some(a);
         self
     }
 
@@ -154,6 +166,8 @@ impl Admin {
                 }
                 buf.extend_from_slice(&chunk[..n]);
             };
+            // The raw head of a POST: the action guard reads headers the parser does not keep.
+            let raw = (head.method == Method::Post).then(|| buf[..head.head_len].to_vec());
             buf.drain(..head.head_len);
             if head.framing != request::BodyFraming::None {
                 // Admin endpoints take no bodies; refuse and close rather
@@ -174,7 +188,28 @@ impl Admin {
                     .serve(stream, head.method == Method::Head, shutdown)
                     .await;
             }
+            let action = path.strip_prefix("/actions/").zip(self.actions.as_ref());
             let (status, page) = match (head.method, path) {
+                (Method::Get | Method::Head, "/actions.json") if self.actions.is_some() => {
+                    (200, self.actions.as_ref().expect("checked").info())
+                }
+                (Method::Post, _) if action.is_some() => {
+                    let (_, a) = action.expect("checked");
+                    let rest = &head.target["/actions/".len()..];
+                    match a.judge(raw.as_deref().unwrap_or_default(), head.host.as_deref()) {
+                        actions::Verdict::Run => {
+                            tracing::info!(action = rest, "admin action");
+                            a.run(rest)
+                        }
+                        actions::Verdict::Forbidden(why) => {
+                            tracing::warn!(action = rest, reason = why, "admin action refused");
+                            (403, text_page(&format!("{why}\n")))
+                        }
+                    }
+                }
+                (Method::Get | Method::Head, _) if action.is_some() => {
+                    (405, text_page("actions take POST\n"))
+                }
                 (Method::Get | Method::Head, "/metrics") => (
                     200,
                     Page {
@@ -202,7 +237,14 @@ impl Admin {
                 .content_length(page.body.len() as u64)
                 .connection(head.keep_alive, head.version == request::Version::Http10);
             if status == 405 {
-                h = h.header("Allow", "GET, HEAD");
+                h = h.header(
+                    "Allow",
+                    if action.is_some() {
+                        "POST"
+                    } else {
+                        "GET, HEAD"
+                    },
+                );
             }
             h.finish();
             if head.method != Method::Head {

@@ -112,6 +112,7 @@ mod tests {
         let mut c = cfg.cluster.expect("the [cluster] table");
         assert_eq!(c.members.len(), 2);
         assert_eq!(c.clone_timeout_ms, 1000);
+        assert_eq!(c.admin["n2"].to_string(), "127.0.0.1:9082");
         assert_eq!(
             c.replication,
             switchyard_node::config::ReplicationConfig::default()
@@ -121,6 +122,10 @@ mod tests {
         let e = FileConfig::parse("[cluster]\nmembers = [{ name = \"a\", control = \"bogus\" }]\n")
             .unwrap_err();
         assert!(format!("{e:#}").contains("control address"), "{e:#}");
+        c.admin
+            .insert("n3".into(), "127.0.0.1:9083".parse().unwrap());
+        let e = c.validate().unwrap_err();
+        assert!(e.contains("`n3` is not a member"), "{e}");
         let e = FileConfig::parse(
             "[cluster]\nmembers = []\n[cluster.replication]\nhot_treshold = 3.0\n",
         )

@@ -24,7 +24,8 @@ pub struct DemoArgs {
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
     /// Address of the switch's admin listener: the live dashboard (`/`), `/metrics`,
-    /// `/status.json`.
+    /// `/status.json`. With `--cooperative`: the first node's, the others' on the ports after
+    /// it (any free ones with port 0).
     #[arg(long, default_value = "127.0.0.1:9080")]
     pub admin: SocketAddr,
     /// Where to generate the site (default: a temporary directory removed on exit).
@@ -139,12 +140,14 @@ impl NodeProcess {
         root: &Path,
         cache_bytes: u64,
         listen: SocketAddr,
+        admin: SocketAddr,
         control: &Path,
         extra: &[String],
     ) -> anyhow::Result<NodeProcess> {
         let exe = std::env::current_exe().context("cannot find the switchyard binary")?;
         let mut cmd = Command::new(exe);
-        cmd.args(["--log-format", "text", "node", "--admin", "127.0.0.1:0"])
+        cmd.args(["--log-format", "text", "node", "--admin"])
+            .arg(admin.to_string())
             .arg("--listen")
             .arg(listen.to_string())
             .arg("--root")
@@ -279,7 +282,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     for i in 0..args.nodes {
         let control = sockets.path().join(format!("node{i}.sock"));
         let any: SocketAddr = ([127, 0, 0, 1], 0).into();
-        let n = NodeProcess::spawn(&dir, args.cache_bytes, any, &control, &[])?;
+        let n = NodeProcess::spawn(&dir, args.cache_bytes, any, any, &control, &[])?;
         entries.push(NodeEntry {
             control: Some(ControlAddr::Unix(control)),
             ..NodeEntry::new(n.addr)
@@ -360,6 +363,31 @@ fn serving(args: &DemoArgs, site: &SiteSummary, dir: &Path) -> String {
     )
 }
 
+/// `n` admin listener addresses: `first` and the ports after it, or, when its port is 0, free
+/// ports the kernel picks now (bound and released: a process started right after takes them).
+fn admin_addrs(first: SocketAddr, n: usize) -> anyhow::Result<Vec<SocketAddr>> {
+    if first.port() == 0 {
+        // All held at once, so that no port is handed out twice.
+        let held = (0..n)
+            .map(|_| {
+                std::net::TcpListener::bind(first)
+                    .with_context(|| format!("cannot find a free port on {}", first.ip()))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        return held
+            .iter()
+            .map(|l| l.local_addr().map_err(anyhow::Error::from))
+            .collect();
+    }
+    (0..n)
+        .map(|i| {
+            let port = u16::try_from(usize::from(first.port()) + i)
+                .context("--admin: too few ports above it for every node")?;
+            Ok(SocketAddr::new(first.ip(), port))
+        })
+        .collect()
+}
+
 /// The cooperative demo: `args.nodes` node processes on one port, no switch.
 fn run_cooperative(
     args: &DemoArgs,
@@ -371,28 +399,50 @@ fn run_cooperative(
         anyhow::bail!("--cooperative needs a fixed --listen port: every node shares it");
     }
     let control = |i: usize| sockets.join(format!("node{i}.sock"));
+    // Every member's admin listener is in every member's table (the cluster's dashboard on any
+    // of them): consecutive ports from --admin, or free ones with port 0.
+    let admins = admin_addrs(args.admin, args.nodes)?;
     let mut members = Vec::new();
-    for i in 0..args.nodes {
+    for (i, admin) in admins.iter().enumerate() {
         members.push("--member".to_owned());
         members.push(format!("n{}=unix:{}", i + 1, control(i).display()));
+        members.push("--member-admin".to_owned());
+        members.push(format!("n{}={admin}", i + 1));
     }
     let mut nodes = Vec::new();
-    for i in 0..args.nodes {
+    for (i, &admin) in admins.iter().enumerate() {
         let mut extra = vec![
             "--cooperative".to_owned(),
             "--name".to_owned(),
             format!("n{}", i + 1),
         ];
         extra.extend(members.iter().cloned());
-        let n = NodeProcess::spawn(dir, args.cache_bytes, args.listen, &control(i), &extra)
-            .with_context(|| {
-                format!("node n{} did not start (is {} in use?)", i + 1, args.listen)
-            })?;
+        let n = NodeProcess::spawn(
+            dir,
+            args.cache_bytes,
+            args.listen,
+            admin,
+            &control(i),
+            &extra,
+        )
+        .with_context(|| {
+            format!(
+                "node n{} did not start (is {} or {} in use? pick others with --listen/--admin)",
+                i + 1,
+                args.listen,
+                admin
+            )
+        })?;
         nodes.push(n);
     }
     let rt = runtime::build(1)?;
     rt.block_on(async {
         let mut out = std::io::stdout().lock();
+        writeln!(
+            out,
+            "switchyard demo: live dashboard at http://{}/   (the whole cluster, on any member's admin listener)",
+            nodes[0].admin
+        )?;
         writeln!(
             out,
             "switchyard demo: {} cooperative node processes, no switch, sharing one port and moving each \

@@ -66,6 +66,14 @@ pub struct NodeArgs {
     /// this node included. Replaces the members of `[cluster]`.
     #[arg(long = "member", value_name = "NAME=CONTROL", requires = "cooperative")]
     pub members: Vec<String>,
+    /// A member's admin listener as NAME=ADDR, for the cluster's dashboard; repeat for every
+    /// member. Replaces `[cluster.admin]`.
+    #[arg(
+        long = "member-admin",
+        value_name = "NAME=ADDR",
+        requires = "cooperative"
+    )]
+    pub member_admins: Vec<String>,
     /// Seconds to wait for open connections on shutdown.
     #[arg(long, default_value_t = 10)]
     pub drain_secs: u64,
@@ -116,6 +124,21 @@ fn cluster(args: &NodeArgs, file: &FileConfig) -> anyhow::Result<ClusterConfig> 
             .members
             .iter()
             .map(|m| member(m))
+            .collect::<anyhow::Result<_>>()?;
+    }
+    if !args.member_admins.is_empty() {
+        c.admin = args
+            .member_admins
+            .iter()
+            .map(|m| {
+                let (name, addr) = m
+                    .split_once('=')
+                    .with_context(|| format!("--member-admin {m}: want NAME=ADDR"))?;
+                let addr = addr
+                    .parse()
+                    .with_context(|| format!("--member-admin {m}: not an address"))?;
+                Ok((name.to_owned(), addr))
+            })
             .collect::<anyhow::Result<_>>()?;
     }
     if let Some(n) = &args.name {

@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use serde::{Deserialize, Serialize};
-use switchyard_admin::dashboard::{Meta, Update};
+use switchyard_admin::dashboard::{Meta, State as NodeState, Update};
 use switchyard_admin::status::SwitchStatus;
 
 /// The admin address of `switchyard demo` (and the fallback when no config names one).
@@ -162,7 +162,15 @@ pub fn render(addr: &str, s: &State) -> String {
         let r = row_of(&name);
         lines.push(vec![
             name,
-            if n.up { "UP" } else { "DOWN" }.to_owned(),
+            // The dashboard's state tells a node the operator holds out from a failed one.
+            match (r.map(|r| r.state), n.up) {
+                (Some(NodeState::Draining), _) => "DRAINING",
+                (Some(NodeState::Drained), _) => "DRAINED",
+                (Some(NodeState::Held), _) => "HELD",
+                (_, true) => "UP",
+                (_, false) => "DOWN",
+            }
+            .to_owned(),
             opt(r.map(|r| r.rps.0)),
             opt(r.map(|r| r.mbps.0)),
             n.active.to_string(),
@@ -302,7 +310,9 @@ mod tests {
                 {"id": 0, "addr": "127.0.0.1:8081", "up": true, "active": 1, "requests": 20,
                  "bytes": 2500000, "failures": 0, "pool_idle": 1, "targets": 3, "load": 1.0},
                 {"id": 1, "addr": "127.0.0.1:8082", "up": false, "active": 0, "requests": 10,
-                 "bytes": 1000, "failures": 4, "pool_idle": 0, "targets": 1, "load": 0.0}
+                 "bytes": 1000, "failures": 4, "pool_idle": 0, "targets": 1, "load": 0.0},
+                {"id": 2, "addr": "127.0.0.1:8083", "up": false, "active": 0, "requests": 0,
+                 "bytes": 0, "failures": 0, "pool_idle": 0, "targets": 0, "load": 0.0}
             ],
             "mechanism": "handoff",
             "handoff": {"fd": 25, "repair": 0, "hand_backs": 0, "backend_forwards": 0,
@@ -337,6 +347,11 @@ mod tests {
                     up: false,
                     ..NodeSample::new("127.0.0.1:8082")
                 },
+                NodeSample {
+                    up: false,
+                    held: Some(switchyard_admin::dashboard::Hold::Drain),
+                    ..NodeSample::new("127.0.0.1:8083")
+                },
             ],
         };
         sampler.step(&sample(1, 10));
@@ -358,7 +373,7 @@ mod tests {
             lines[0].contains("policy lard, handoff, generation 1"),
             "{text}"
         );
-        assert!(lines[0].contains("1/2 nodes up"), "{text}");
+        assert!(lines[0].contains("1/3 nodes up"), "{text}");
         assert!(
             lines[1].starts_with("node") && lines[1].contains("p99ms"),
             "{text}"
@@ -366,9 +381,13 @@ mod tests {
         let n0: Vec<&str> = lines[2].split_whitespace().collect();
         assert_eq!(&n0[..4], &["127.0.0.1:8081", "UP", "10", "0"], "{text}");
         assert!(lines[3].contains("DOWN"), "{text}");
-        let total: Vec<&str> = lines[4].split_whitespace().collect();
+        assert!(
+            lines[4].contains("DRAINED"),
+            "drained by the operator: {text}"
+        );
+        let total: Vec<&str> = lines[5].split_whitespace().collect();
         assert_eq!(total[0], "total");
-        assert!(lines[4].contains(" 30 "), "requests summed: {text}");
+        assert!(lines[5].contains(" 30 "), "requests summed: {text}");
         assert!(
             text.contains("hot targets: /a.html → 127.0.0.1:8081 7/s"),
             "{text}"

@@ -167,9 +167,15 @@ fn cooperative_demo_moves_requests_to_their_owners_unprivileged(root: bool) {
         .unwrap();
     let mut run = Running(child);
     let out = run.0.stdout.take().unwrap();
-    let (mut dir, mut node_metrics) = (None, Vec::new());
+    let (mut dir, mut node_metrics, mut dashboard) = (None, Vec::new(), None);
     for line in BufReader::new(out).lines() {
         let line = line.unwrap();
+        if dashboard.is_none() && !node_metrics.is_empty() {
+            panic!("the dashboard's URL comes first");
+        }
+        if let Some(u) = line.strip_prefix("switchyard demo: live dashboard at ") {
+            dashboard = Some(u.split_whitespace().next().unwrap().to_owned());
+        }
         if let Some(u) = line.trim().strip_prefix("metrics:") {
             node_metrics.push(u.split_whitespace().next().unwrap().to_owned());
         }
@@ -182,6 +188,17 @@ fn cooperative_demo_moves_requests_to_their_owners_unprivileged(root: bool) {
     }
     let dir = dir.expect("demo printed its directory");
     assert_eq!(node_metrics.len(), 3, "three nodes' metrics");
+    // The cluster's dashboard on the first member, which knows every member's admin listener.
+    let dashboard = dashboard.expect("the demo printed the dashboard's URL");
+    let (status, page) = get(&dashboard);
+    assert_eq!(status, 200);
+    assert!(String::from_utf8_lossy(&page).contains("EventSource"));
+    for (i, m) in node_metrics.iter().enumerate() {
+        let (status, body) = get(&m.replace("/metrics", "/member.json"));
+        assert_eq!(status, 200);
+        let s: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(s["name"], format!("n{}", i + 1));
+    }
     // One keep-alive connection, twenty pages: each answered with the file's bytes, whichever
     // node owns it.
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();

@@ -233,6 +233,12 @@ pub struct ClusterConfig {
     /// `[cluster.replication]`: copies of hot objects in peers' replica caches.
     #[serde(default)]
     pub replication: ReplicationConfig,
+    /// `[cluster.admin]`: the members' admin listeners by member name (`n1 =
+    /// "127.0.0.1:9081"`). Any member's dashboard (`/` on its admin listener) shows the whole
+    /// cluster from the figures the others serve there (`/member.json`); a member left out is
+    /// shown with its control connection's state only.
+    #[serde(default)]
+    pub admin: std::collections::BTreeMap<String, SocketAddr>,
 }
 
 /// `[cluster.replication]`: hot-object replication (seed 000 §3.2). An owner counts references
@@ -321,6 +327,7 @@ impl ClusterConfig {
             policy: default_owner_policy(),
             clone_timeout_ms: default_clone_timeout_ms(),
             replication: ReplicationConfig::default(),
+            admin: Default::default(),
         }
     }
 
@@ -347,6 +354,13 @@ impl ClusterConfig {
                 "[cluster]: this node (`{}`) is not among the members",
                 self.name
             ));
+        }
+        if let Some(n) = self
+            .admin
+            .keys()
+            .find(|n| !self.members.iter().any(|m| &m.name == *n))
+        {
+            return Err(format!("[cluster.admin]: `{n}` is not a member"));
         }
         if self.clone_timeout_ms == 0 {
             return Err("[cluster]: clone_timeout_ms must be positive".into());

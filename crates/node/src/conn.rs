@@ -944,10 +944,12 @@ impl<R: Router> Conn<'_, R> {
         self.stats.bytes += done as u64;
         self.out.clear();
         for t in self.pending.drain(..) {
+            let took = t.elapsed();
             self.ctx
                 .metrics
                 .response_seconds
-                .observe(t.elapsed().as_secs_f64());
+                .observe(took.as_secs_f64());
+            self.ctx.metrics.latency.observe(took);
         }
         if let Some(d) = self.router.as_deref_mut() {
             d.flushed();

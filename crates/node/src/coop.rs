@@ -49,6 +49,9 @@ use crate::handoff::restream;
 use crate::replica::Replication;
 use crate::store::Store;
 
+/// Targets the dashboard's hot-target counter keeps track of in a period.
+const HOT_CAPACITY: usize = 64;
+
 /// How a cloned connection came back, or did not.
 enum Return {
     /// The owner gave it back: the socket and the bytes of the next request it read.
@@ -238,6 +241,12 @@ pub(crate) struct Cluster {
     pub stats: Arc<ClusterStats>,
     /// Hot-object replication, when on.
     pub(crate) replication: Option<Arc<Replication>>,
+    /// Every member's admin listener, by member index, where `[cluster.admin]` names one.
+    pub(crate) admins: Vec<Option<std::net::SocketAddr>>,
+    /// The targets routed here in the current period, with the member owning each.
+    hot: Mutex<switchyard_admin::dashboard::HotTargets>,
+    /// The last finished period's hottest targets: target, owner's name, requests.
+    hot_last: Mutex<Vec<(String, String, u64)>>,
 }
 
 impl Cluster {
@@ -327,6 +336,13 @@ impl Cluster {
             origin: Instant::now(),
             stats,
             replication: None,
+            admins: cfg
+                .members
+                .iter()
+                .map(|m| cfg.admin.get(&m.name).copied())
+                .collect(),
+            hot: Mutex::new(switchyard_admin::dashboard::HotTargets::new(HOT_CAPACITY)),
+            hot_last: Mutex::new(Vec::new()),
         })
     }
 
@@ -407,6 +423,80 @@ impl Cluster {
                 .map(|(l, n)| (l.to_owned(), n))
                 .collect(),
             replication: self.replication.as_ref().map(|r| r.status()),
+        }
+    }
+
+    /// The member names, in configuration order.
+    pub(crate) fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// This node's member index.
+    pub(crate) fn me(&self) -> usize {
+        self.me
+    }
+
+    /// The owner map's policy name.
+    pub(crate) fn policy_name(&self) -> &str {
+        &self.policy_name
+    }
+
+    /// The peer at member index `i` (`None` for this node).
+    pub(crate) fn peer(&self, i: usize) -> Option<&Arc<Peer>> {
+        self.peers.get(i).and_then(Option::as_ref)
+    }
+
+    /// End the hot targets' period: its hottest become what [`Cluster::member_sample`] shows.
+    pub(crate) fn rotate_hot(&self) {
+        let top = self
+            .hot
+            .lock()
+            .take(switchyard_admin::dashboard::HOT_LISTED);
+        *self.hot_last.lock() = top
+            .into_iter()
+            .filter_map(|h| {
+                let owner = self.names.get(h.node as usize)?;
+                Some((h.target, owner.clone(), h.count))
+            })
+            .collect();
+    }
+
+    /// This member's own figures for the cluster's dashboard (`/member.json`).
+    pub(crate) fn member_sample(
+        &self,
+        metrics: &crate::metrics::NodeMetrics,
+        store: &Store,
+    ) -> switchyard_admin::cluster::MemberSample {
+        let stats = self.owners.lock().policy.stats();
+        let own = stats.nodes.get(self.me);
+        let cache = store.cache_stats();
+        let mut latency = metrics.latency.snapshot().to_vec();
+        while latency.last() == Some(&0) {
+            latency.pop();
+        }
+        switchyard_admin::cluster::MemberSample {
+            name: self.name().to_owned(),
+            requests: metrics.responses(),
+            bytes: metrics.bytes_out.load(Relaxed),
+            connections: metrics.connections_active.load(Relaxed),
+            load: own.map_or(0.0, |n| n.load),
+            targets: own.map_or(0, |n| n.targets),
+            clones_in: metrics.handoff.clones_in.load(Relaxed),
+            hand_backs: metrics.handoff.hand_backs.load(Relaxed),
+            clones_lost: self.peers().map(|p| p.stats.lost.load(Relaxed)).sum(),
+            fallbacks: self
+                .stats
+                .fallbacks()
+                .filter(|(_, n)| *n > 0)
+                .map(|(l, n)| (l.to_owned(), n))
+                .collect(),
+            cache_lookups: cache.hits + cache.misses,
+            cache_hits: cache.hits,
+            latency,
+            replicas: self.replication.as_ref().map(|r| r.held().0 as u64),
+            targets_mapped: stats.targets_mapped,
+            map_replicas: stats.replicas,
+            hot: self.hot_last.lock().clone(),
         }
     }
 
@@ -625,6 +715,9 @@ impl Router for Owned<'_> {
                 Err(_) => None,
             }
         };
+        if let Some(i) = owner {
+            c.hot.lock().record(&head.target, i as u32);
+        }
         // Replication concerns the objects GET and HEAD fetch.
         let key = match (&c.replication, head.method) {
             (Some(_), Method::Get | Method::Head) => self.store.object_key(&head.target),
@@ -680,6 +773,8 @@ pub(crate) struct Membership {
     stop: watch::Receiver<bool>,
     /// The control connection of each peer that has one, by name.
     links: Mutex<HashMap<String, PeerLink>>,
+    /// 1 at start, one more per membership reload.
+    generation: AtomicU64,
 }
 
 /// A peer's control connection task, and how to retire it.
@@ -696,6 +791,7 @@ impl Membership {
             current: parking_lot::RwLock::new(Arc::new(cluster)),
             stop,
             links: Mutex::new(HashMap::new()),
+            generation: AtomicU64::new(1),
         });
         m.link_new_peers();
         m
@@ -704,6 +800,11 @@ impl Membership {
     /// The cluster in force.
     pub(crate) fn current(&self) -> Arc<Cluster> {
         self.current.read().clone()
+    }
+
+    /// The membership's generation: 1 at start, one more per reload.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Relaxed)
     }
 
     /// Start a control connection to every peer of the current cluster that has none.
@@ -766,6 +867,7 @@ impl Membership {
             "cluster membership reloaded"
         );
         *self.current.write() = Arc::new(new);
+        self.generation.fetch_add(1, Relaxed);
         self.link_new_peers();
         let mut links = self.links.lock();
         links.retain(|name, l| {

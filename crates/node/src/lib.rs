@@ -28,7 +28,9 @@
 //! accepts clients, and a request owned by another member moves there with
 //! its connection and comes back once answered (`coop`); hot objects are
 //! copied to the members that ask for them (`replica`), and the admin
-//! listener adds `/status.json` with the cluster as this member sees it.
+//! listener adds `/status.json` with the cluster as this member sees it,
+//! `/member.json` with its own figures, and the whole cluster's live
+//! dashboard at `/` (`dashboard`: fed from every member's `/member.json`).
 //!
 //! # Module order
 //!
@@ -52,11 +54,14 @@
 //!    to the peers, cloning a connection to the owner of its request and
 //!    taking it back; it serves through `conn`, and the peers' clones come
 //!    in through `handoff`;
-//! 7. the crate root: [`start`], the accept loops, [`RunningNode`].
+//! 7. `dashboard`: the cooperative cluster's live dashboard, from `coop`'s figures and the
+//!    peers' `/member.json`;
+//! 8. the crate root: [`start`], the accept loops, [`RunningNode`].
 
 pub mod config;
 mod conn;
 mod coop;
+mod dashboard;
 pub mod disk;
 mod error;
 mod forward;
@@ -314,13 +319,51 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
             let mut admin = Admin::new(registry);
             if let Some(c) = cluster.clone() {
                 // The cluster as this member sees it.
+                let status = c.clone();
                 admin = admin.route(
                     "/status.json",
                     Arc::new(move || switchyard_admin::Page {
                         content_type: "application/json",
-                        body: serde_json::to_vec(&c.current().status()).unwrap_or_default(),
+                        body: serde_json::to_vec(&status.current().status()).unwrap_or_default(),
                     }),
                 );
+                // The whole cluster's dashboard, and this member's figures for the others'.
+                let (publisher, feed) = switchyard_admin::dashboard::feed::channel(
+                    dashboard::VIEWERS,
+                    dashboard::HISTORY,
+                );
+                let asked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let (m, s, st) = (c.clone(), metrics.clone(), store.clone());
+                let (latest, wants) = (feed.clone(), asked.clone());
+                admin = admin
+                    .route(
+                        "/member.json",
+                        Arc::new(move || switchyard_admin::Page {
+                            content_type: "application/json",
+                            body: serde_json::to_vec(&m.current().member_sample(&s, &st))
+                                .unwrap_or_default(),
+                        }),
+                    )
+                    .route("/", Arc::new(switchyard_admin::dashboard::page))
+                    .route(
+                        "/dashboard.json",
+                        Arc::new(move || {
+                            wants.store(true, std::sync::atomic::Ordering::Relaxed);
+                            switchyard_admin::Page {
+                                content_type: "application/json",
+                                body: latest.latest_json().into_bytes(),
+                            }
+                        }),
+                    )
+                    .events("/events", feed);
+                tasks.push(tokio::spawn(dashboard::run(
+                    c,
+                    metrics.clone(),
+                    store.clone(),
+                    publisher,
+                    asked,
+                    stop_rx.clone(),
+                )));
             }
             let admin_listener = Admin::bind(a).await?;
             let bound = admin_listener

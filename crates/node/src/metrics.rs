@@ -29,6 +29,8 @@ pub struct NodeMetrics {
     pub timeouts: AtomicU64,
     /// Time from a complete request head to its response handed to the kernel.
     pub response_seconds: Histogram,
+    /// The same times in the dashboard's buckets (quantiles of any period from two snapshots).
+    pub latency: switchyard_admin::dashboard::LatencyHistogram,
     /// Connection handoffs (switch to node) and back-end forwarding.
     pub handoff: HandoffMetrics,
     /// Requests forwarded to the application server (`[dynamic]`).
@@ -179,6 +181,7 @@ impl Default for NodeMetrics {
             timeouts: AtomicU64::new(0),
             // 10 µs … ~5 s
             response_seconds: Histogram::new(exponential_buckets(0.000_01, 2.5, 15)),
+            latency: Default::default(),
             handoff: HandoffMetrics::default(),
             upstream: UpstreamMetrics::default(),
         }
@@ -189,6 +192,11 @@ impl NodeMetrics {
     /// Count one response with this status code.
     pub fn count_status(&self, code: u16) {
         self.status.count(code);
+    }
+
+    /// Responses sent so far, whatever their status.
+    pub fn responses(&self) -> u64 {
+        self.status.nonzero().map(|(_, n)| n).sum()
     }
 
     /// Responses sent with `code` so far.

@@ -7,10 +7,11 @@
 //! connection is handed out only on the thread that returned it.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::time::Duration;
 
 use parking_lot::Mutex;
+pub(crate) use switchyard_admin::dashboard::Hold;
 use switchyard_admin::dashboard::LatencyHistogram;
 use switchyard_policy::LoadReport;
 use switchyard_upstream::{Connection, Pool};
@@ -29,6 +30,9 @@ pub(crate) struct Backend {
     pool: Pool,
     /// In the pool of nodes that may be chosen.
     pub up: AtomicBool,
+    /// Held out of service by the operator (0: not held, 1: drained, 2: marked down). Health
+    /// checks do not bring a held node back.
+    pub held: AtomicU8,
     /// Consecutive failures (health checks and failed node connections).
     pub fails: AtomicU32,
     /// Consecutive successful health checks while down.
@@ -82,6 +86,7 @@ impl Backend {
             label: addr.to_string(),
             pool: Pool::new(max_idle, usize::MAX),
             up: AtomicBool::new(true),
+            held: AtomicU8::new(0),
             fails: AtomicU32::new(0),
             rises: AtomicU32::new(0),
             retired: AtomicBool::new(false),
@@ -102,6 +107,25 @@ impl Backend {
 
     pub fn is_up(&self) -> bool {
         self.up.load(Relaxed)
+    }
+
+    /// Hold the node out (`Some`) or not (`None`).
+    pub fn set_hold(&self, how: Option<Hold>) {
+        let v = match how {
+            None => 0,
+            Some(Hold::Drain) => 1,
+            Some(Hold::Down) => 2,
+        };
+        self.held.store(v, Relaxed);
+    }
+
+    /// How the operator holds the node out, if they do.
+    pub fn hold(&self) -> Option<Hold> {
+        match self.held.load(Relaxed) {
+            1 => Some(Hold::Drain),
+            2 => Some(Hold::Down),
+            _ => None,
+        }
     }
 
     /// An idle pooled connection opened on this thread that still looks open, if any.

@@ -265,6 +265,10 @@ pub struct SwitchConfig {
     /// Live dashboard viewers (`/events` on the admin listener) served at once; more are
     /// refused with 503. 0 = no live viewers.
     pub dashboard_viewers: usize,
+    /// Operator actions on the dashboard and the admin listener: drain a node, mark it down or
+    /// up (`POST /actions/nodes/ID/drain|down|up`). Off by default: the page is read-only and
+    /// every action is refused with 403. Reloadable.
+    pub admin_actions: bool,
 }
 
 impl Default for SwitchConfig {
@@ -306,6 +310,7 @@ impl Default for SwitchConfig {
             handoff_timeout_ms: 1_000,
             handoff_linger_ms: 1_000,
             dashboard_viewers: 64,
+            admin_actions: false,
         }
     }
 }

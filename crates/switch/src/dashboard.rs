@@ -37,6 +37,7 @@ pub(crate) fn sample(shared: &Shared) -> ClusterSample {
             NodeSample {
                 name: b.label.clone(),
                 up: b.is_up(),
+                held: b.hold(),
                 requests: b.requests.load(Relaxed),
                 bytes: b.bytes.load(Relaxed),
                 in_flight: b.active.load(Relaxed),
@@ -52,6 +53,7 @@ pub(crate) fn sample(shared: &Shared) -> ClusterSample {
                 cache_reported: b.cache_reported.load(Relaxed),
                 hits: b.cache_hits.load(Relaxed),
                 latency: b.latency.snapshot(),
+                coop: None,
             }
         })
         .collect();

@@ -2,7 +2,8 @@
 //! node; any status below 500 within `health_timeout_ms` is a success. `health_fall` consecutive
 //! failures (failed relayed requests count too) take the node out, `health_rise` consecutive
 //! successes bring it back. A check that cannot even open its connection for lack of local
-//! descriptors or memory says nothing about the node and counts neither way.
+//! descriptors or memory says nothing about the node and counts neither way. A node the
+//! operator holds out (drained or marked down) is not checked until they release it.
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
@@ -31,8 +32,12 @@ pub(crate) async fn run(shared: Arc<Shared>, b: Arc<Backend>) {
         if b.retired.load(Relaxed) || *stop.borrow() {
             return;
         }
+        if b.hold().is_some() {
+            // Held out by the operator: only the operator brings it back.
+            continue;
+        }
         if cfg.health_interval_ms == 0 {
-            if !b.is_up() {
+            if !b.is_up() && b.hold().is_none() {
                 shared.mark_up(&b);
             }
             continue;
@@ -53,7 +58,8 @@ pub(crate) async fn run(shared: Arc<Shared>, b: Arc<Backend>) {
             b.fails.store(0, Relaxed);
             if !b.is_up() {
                 let rises = b.rises.fetch_add(1, Relaxed) + 1;
-                if rises >= cfg.health_rise {
+                // (Held meanwhile: the check started before the operator's action.)
+                if rises >= cfg.health_rise && b.hold().is_none() {
                     shared.mark_up(&b);
                 }
             }

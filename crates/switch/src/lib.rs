@@ -77,7 +77,8 @@
 //! [`metrics`]; `/status.json` shows the nodes and the policy. The admin listener's `/` is the
 //! live dashboard, fed once a second over server-sent events (`/events`, `/dashboard.json`) by
 //! one sampling task (`dashboard`): per-node rates, response times (`Backend::latency`),
-//! handoffs, fallbacks, health, the target map and the hottest targets.
+//! handoffs, fallbacks, health, the target map and the hottest targets. The page is read-only
+//! unless `admin_actions` is set; then it can drain a node or mark it down or up (`actions`).
 //!
 //! # Modules
 //!
@@ -102,6 +103,7 @@
 pub mod config;
 pub mod metrics;
 
+pub mod actions;
 mod backend;
 mod control;
 mod counters;
@@ -511,7 +513,14 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
                         body: latest.latest_json().into_bytes(),
                     }),
                 )
-                .events("/events", feed);
+                .events("/events", feed)
+                .actions({
+                    let (on, s) = (shared.clone(), shared.clone());
+                    switchyard_admin::actions::Actions::new(
+                        Arc::new(move || on.current().cfg.admin_actions),
+                        Arc::new(move |rest| actions::run(&s, rest)),
+                    )?
+                });
             tasks.push(tokio::spawn(dashboard::run(
                 shared.clone(),
                 publisher,

@@ -13,7 +13,7 @@ use switchyard_policy::NodeId;
 use tokio::sync::{watch, Notify, Semaphore};
 use tokio::task::JoinHandle;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Hold};
 use crate::config::SwitchConfig;
 use crate::counters::SwitchMetrics;
 use crate::generation::Generation;
@@ -110,6 +110,28 @@ impl Shared {
             self.freed.notify_waiters();
             tracing::info!(node = %b.addr, "node up");
         }
+    }
+
+    /// The operator holds `b` out of service: the policy stops choosing it at once; requests
+    /// in flight on it finish (neither holding cuts one). Health checks leave it out until
+    /// [`release`](Self::release).
+    pub fn hold(&self, b: &Backend, how: Hold) {
+        b.set_hold(Some(how));
+        self.mark_down(
+            b,
+            match how {
+                Hold::Drain => "drained by the operator",
+                Hold::Down => "marked down by the operator",
+            },
+        );
+    }
+
+    /// The operator puts `b` back: it is up at once; if it is in fact unreachable, health
+    /// checks and failed requests take it out again as for any node.
+    pub fn release(&self, b: &Backend) {
+        b.set_hold(None);
+        b.rises.store(0, Relaxed);
+        self.mark_up(b);
     }
 
     /// A request on `b` failed because of the node. `unreachable`: the node refused or did

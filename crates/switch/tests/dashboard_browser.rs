@@ -3,7 +3,12 @@
 //! WebDriver. The page loads with no console errors, its counters and charts move within 2 s
 //! of traffic starting, a killed node shows as down within the health checks' interval and the
 //! next update, and a screenshot is saved to `target/dashboard.png` (and to
-//! `docs/dashboard.png` with `SWITCHYARD_UPDATE_SCREENSHOT=1`).
+//! `docs/dashboard.png` with `SWITCHYARD_UPDATE_SCREENSHOT=1`). With `admin_actions` on, a
+//! click drains a node and another puts it back.
+//!
+//! The same page on a member of a cooperative cluster (no switch) shows the whole cluster,
+//! read-only: it loads with no console errors, moves within 2 s of traffic entering one
+//! member, and shows a killed member down.
 
 mod common;
 
@@ -107,6 +112,14 @@ async fn text(b: &Browser, css: &str) -> String {
         .unwrap()
 }
 
+/// The text of an element that may not be on the page yet.
+async fn text_if_any(b: &Browser, css: &str) -> Option<String> {
+    match b.find(Locator::Css(css)).await {
+        Ok(e) => e.text().await.ok(),
+        Err(_) => None,
+    }
+}
+
 async fn canvas(b: &Browser, id: &str) -> String {
     let v = b
         .execute(
@@ -139,17 +152,18 @@ where
 }
 
 /// Keep-alive GETs of `paths` on `clients` threads until the flag is set (30 s at most).
-fn traffic(addr: SocketAddr, clients: usize, paths: &[&'static str]) -> Arc<AtomicBool> {
+fn traffic(addr: SocketAddr, clients: usize, paths: &[&str]) -> Arc<AtomicBool> {
     let stop = Arc::new(AtomicBool::new(false));
     for k in 0..clients {
-        let (stop, paths) = (stop.clone(), paths.to_vec());
+        let stop = stop.clone();
+        let paths: Vec<String> = paths.iter().map(|p| (*p).to_owned()).collect();
         std::thread::spawn(move || {
             let mut c = Client::connect(addr);
             let end = Instant::now() + Duration::from_secs(30);
             let mut i = k;
             while !stop.load(Ordering::Relaxed) && Instant::now() < end {
                 i += 1;
-                if c.try_get(paths[i % paths.len()]).is_err() {
+                if c.try_get(&paths[i % paths.len()]).is_err() {
                     c = Client::connect(addr);
                 }
             }
@@ -162,31 +176,13 @@ fn workspace_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-#[test]
-fn dashboard_in_a_real_browser() {
-    let bodies: Vec<(String, Vec<u8>)> = ["a", "b", "c", "d", "e", "f"]
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (format!("{n}.html"), vec![b'x'; 2000 * (i + 1)]))
-        .collect();
-    let files: Vec<(&str, Vec<u8>)> = bodies
-        .iter()
-        .map(|(n, d)| (n.as_str(), d.clone()))
-        .collect();
-    let mut nodes = cluster(3, &files);
-    let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
-    let health = Duration::from_millis(100);
-    let sw = TestSwitch::start(&addrs, |c| {
-        c.health_interval_ms = health.as_millis() as u64;
-        c.health_fall = 1;
-    });
-    let admin = sw.sw().admin_addr().unwrap();
-    let driver = Driver::start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let browser: Browser = rt.block_on(async {
+/// One browser at a time: the tests' timings assume the machine is not also running another
+/// Chromium.
+static ONE_BROWSER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A WebDriver session with headless Chromium, its console log kept.
+fn session(rt: &tokio::runtime::Runtime, driver: &Driver) -> Browser {
+    rt.block_on(async {
         let caps = json!({
             "goog:chromeOptions": {
                 "binary": CHROMIUM,
@@ -203,7 +199,65 @@ fn dashboard_in_a_real_browser() {
             .connect(&driver.url)
             .await
             .expect("a WebDriver session with headless Chromium")
+    })
+}
+
+/// The browser's console holds no error (a probe written to it first shows the log is read).
+fn assert_no_console_errors(rt: &tokio::runtime::Runtime, browser: &Browser) {
+    let log = rt.block_on(async {
+        browser
+            .execute("console.error('dashboard-test-probe');", vec![])
+            .await
+            .unwrap();
+        browser.issue_cmd(BrowserLog).await.unwrap()
     });
+    let entries = log.as_array().expect("a log array");
+    assert!(
+        entries.iter().any(|e| e["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("dashboard-test-probe"))),
+        "the browser log is not being read: {log}"
+    );
+    let errors: Vec<&Value> = entries
+        .iter()
+        .filter(|e| e["level"] == "SEVERE")
+        .filter(|e| {
+            !e["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("dashboard-test-probe")
+        })
+        .collect();
+    assert!(errors.is_empty(), "console errors: {errors:?}");
+}
+
+#[test]
+fn dashboard_in_a_real_browser() {
+    let bodies: Vec<(String, Vec<u8>)> = ["a", "b", "c", "d", "e", "f"]
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (format!("{n}.html"), vec![b'x'; 2000 * (i + 1)]))
+        .collect();
+    let files: Vec<(&str, Vec<u8>)> = bodies
+        .iter()
+        .map(|(n, d)| (n.as_str(), d.clone()))
+        .collect();
+    let _one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    let mut nodes = cluster(3, &files);
+    let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
+    let health = Duration::from_millis(100);
+    let sw = TestSwitch::start(&addrs, |c| {
+        c.health_interval_ms = health.as_millis() as u64;
+        c.health_fall = 1;
+        c.admin_actions = true;
+    });
+    let admin = sw.sw().admin_addr().unwrap();
+    let driver = Driver::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let browser = session(&rt, &driver);
 
     // The page loads and its stream goes live, with a row per node, all up.
     let (chart_before, rps_before) = rt.block_on(async {
@@ -286,31 +340,189 @@ fn dashboard_in_a_real_browser() {
     if std::env::var_os("SWITCHYARD_UPDATE_SCREENSHOT").is_some() {
         std::fs::write(workspace_dir().join("docs/dashboard.png"), &png).unwrap();
     }
-    let log = rt.block_on(async {
-        browser
-            .execute("console.error('dashboard-test-probe');", vec![])
-            .await
-            .unwrap();
-        browser.issue_cmd(BrowserLog).await.unwrap()
+    assert_no_console_errors(&rt, &browser);
+
+    // With admin_actions on, the page offers actions: a click drains node 1, another puts it up.
+    rt.block_on(async {
+        let click = |css: &'static str| {
+            let browser = &browser;
+            async move {
+                browser
+                    .find(Locator::Css(css))
+                    .await
+                    .unwrap()
+                    .click()
+                    .await
+                    .unwrap()
+            }
+        };
+        click("#node-1 button.act-drain").await;
+        let drained = within(Duration::from_secs(5), || async {
+            matches!(
+                text(&browser, "#node-1 td.state").await.as_str(),
+                "drained" | "draining"
+            )
+        })
+        .await;
+        assert!(
+            drained.is_some(),
+            "state {:?}, action {:?}",
+            text(&browser, "#node-1 td.state").await,
+            text(&browser, "#action-result").await
+        );
+        assert!(
+            text(&browser, "#action-result").await.starts_with("drain "),
+            "{}",
+            text(&browser, "#action-result").await
+        );
+        click("#node-1 button.act-up").await;
+        let up = within(Duration::from_secs(5), || async {
+            text(&browser, "#node-1 td.state").await == "up"
+        })
+        .await;
+        assert!(up.is_some(), "{}", text(&browser, "#action-result").await);
     });
-    let entries = log.as_array().expect("a log array");
-    assert!(
-        entries.iter().any(|e| e["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("dashboard-test-probe"))),
-        "the browser log is not being read: {log}"
-    );
-    let errors: Vec<&Value> = entries
-        .iter()
-        .filter(|e| e["level"] == "SEVERE")
-        .filter(|e| {
-            !e["message"]
-                .as_str()
-                .unwrap_or("")
-                .contains("dashboard-test-probe")
+    assert_no_console_errors(&rt, &browser);
+    rt.block_on(browser.close()).unwrap();
+    drop(driver);
+}
+
+#[test]
+fn cooperative_dashboard_in_a_real_browser() {
+    use switchyard_handoff::link::ControlAddr;
+    use switchyard_node::{ClusterConfig, Member};
+
+    let _one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    let sockets = tempfile::tempdir().unwrap();
+    let members: Vec<Member> = (0..3)
+        .map(|i| Member {
+            name: format!("member-{i}"),
+            control: ControlAddr::Unix(sockets.path().join(format!("m{i}.sock"))),
         })
         .collect();
-    assert!(errors.is_empty(), "console errors: {errors:?}");
+    let mut nodes: Vec<TestNode> = (0..3)
+        .map(|i| {
+            TestNode::start(
+                |r| {
+                    for t in 0..12 {
+                        write(r, &format!("t{t}.html"), &vec![b'x'; 1000 * (t + 1)]);
+                    }
+                },
+                |c| {
+                    c.workers = 2;
+                    c.admin = Some("127.0.0.1:0".parse().unwrap());
+                    c.cluster = Some(ClusterConfig::new(format!("member-{i}"), members.clone()));
+                },
+            )
+        })
+        .collect();
+    // Every member's admin listener, known once bound, goes into the table by a reload.
+    let admins: Vec<SocketAddr> = nodes
+        .iter()
+        .map(|n| n.node.as_ref().unwrap().admin_addr().unwrap())
+        .collect();
+    for (i, n) in nodes.iter().enumerate() {
+        let node = n.node.as_ref().unwrap();
+        let rt = n.rt.as_ref().unwrap();
+        assert!(rt.block_on(node.wait_for_peers(Duration::from_secs(10))));
+        let mut cfg = ClusterConfig::new(format!("member-{i}"), members.clone());
+        cfg.admin = admins
+            .iter()
+            .enumerate()
+            .map(|(j, a)| (format!("member-{j}"), *a))
+            .collect();
+        let _rt = rt.enter();
+        node.reload_cluster(&cfg).unwrap();
+    }
+
+    let driver = Driver::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let browser = session(&rt, &driver);
+    let (chart_before, rps_before) = rt.block_on(async {
+        browser
+            .goto(&format!("http://{}/", admins[0]))
+            .await
+            .unwrap();
+        let live = within(Duration::from_secs(5), || async {
+            // (A member's first update follows its first viewer by up to a second.)
+            text(&browser, "#status").await == "live"
+                && text_if_any(&browser, "#node-2 td.state").await.as_deref() == Some("up")
+                && text(&browser, "#node-2 td.name").await == "member-2"
+        })
+        .await;
+        assert!(
+            live.is_some(),
+            "status: {}, what: {}",
+            text(&browser, "#status").await,
+            text(&browser, "#what").await
+        );
+        assert!(text(&browser, "#what").await.starts_with("cooperative"));
+        let labels = browser
+            .execute(
+                "return document.querySelector('th.moves-label').textContent;",
+                vec![],
+            )
+            .await
+            .unwrap();
+        assert_eq!(labels, "clones/s");
+        // Read-only: no action anywhere.
+        let buttons = browser
+            .find_all(Locator::Css("td.actions button"))
+            .await
+            .unwrap();
+        assert!(buttons.is_empty(), "a cooperative page offers no actions");
+        (
+            canvas(&browser, "chart-rps").await,
+            text(&browser, "#total-rps").await,
+        )
+    });
+    assert_eq!(rps_before, "0", "no traffic yet");
+
+    // Traffic entering member 1 only: the page of member 0 moves within 2 s.
+    let started = Instant::now();
+    let paths: Vec<String> = (0..12).map(|t| format!("/t{t}.html")).collect();
+    let paths: Vec<&str> = paths.iter().map(String::as_str).collect();
+    let stop = traffic(nodes[1].addr, 3, &paths);
+    let moved = rt.block_on(within(Duration::from_secs(2), || async {
+        text(&browser, "#total-rps").await != "0"
+            && canvas(&browser, "chart-rps").await != chart_before
+    }));
+    let after = started.elapsed();
+    assert!(
+        moved.is_some(),
+        "nothing moved {after:?} after traffic started"
+    );
+    assert!(after <= Duration::from_millis(2500), "{after:?}");
+    let clones = rt.block_on(within(Duration::from_secs(3), || async {
+        text(&browser, "#total-moves").await != "0" && text(&browser, "#total-backs").await != "0"
+    }));
+    assert!(clones.is_some(), "clones and hand-backs show");
+
+    // Member 2 killed: shown down at the next update or the one after.
+    nodes[2].kill();
+    let killed = Instant::now();
+    let down = rt.block_on(within(Duration::from_secs(3), || async {
+        text(&browser, "#node-2 td.state").await == "down"
+    }));
+    assert!(
+        down.is_some(),
+        "member 2 not shown down {:?} after it died",
+        killed.elapsed()
+    );
+    rt.block_on(async {
+        assert_eq!(text(&browser, "#node-0 td.state").await, "up");
+        assert_eq!(text(&browser, "#nodes-up").await, "2 / 3");
+    });
+    stop.store(true, Ordering::Relaxed);
+    let png = rt.block_on(browser.screenshot()).unwrap();
+    assert!(png.starts_with(b"\x89PNG"));
+    let target = workspace_dir().join("target");
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::write(target.join("dashboard-cooperative.png"), &png).unwrap();
+    assert_no_console_errors(&rt, &browser);
     rt.block_on(browser.close()).unwrap();
     drop(driver);
 }

@@ -42,6 +42,9 @@ pub struct Frames {
 #[derive(Debug)]
 pub struct Publisher {
     tx: watch::Sender<Arc<Frames>>,
+    /// The viewers' slots (shared with the feed): the taken ones are the viewers.
+    slots: Arc<Semaphore>,
+    max_viewers: usize,
     history: usize,
     seq: u64,
     meta_version: u64,
@@ -59,16 +62,19 @@ pub struct Feed {
 /// `history` updates.
 pub fn channel(max_viewers: usize, history: usize) -> (Publisher, Feed) {
     let (tx, rx) = watch::channel(Arc::new(Frames::default()));
+    let slots = Arc::new(Semaphore::new(max_viewers));
     (
         Publisher {
             tx,
+            slots: slots.clone(),
+            max_viewers,
             history: history.max(1),
             seq: 0,
             meta_version: 0,
         },
         Feed {
             rx,
-            slots: Arc::new(Semaphore::new(max_viewers)),
+            slots,
             max_viewers,
         },
     )
@@ -114,9 +120,10 @@ impl Publisher {
         }));
     }
 
-    /// Viewers connected now.
+    /// Viewers connected now (streams of the feed being served).
     pub fn viewers(&self) -> usize {
-        self.tx.receiver_count().saturating_sub(1)
+        self.max_viewers
+            .saturating_sub(self.slots.available_permits())
     }
 }
 

@@ -1,6 +1,6 @@
 //! The live cluster dashboard: one page served from the binary, fed by server-sent events.
 //!
-//! A process that sees the cluster (the switch; later any node in cooperative mode) takes a
+//! A process that sees the cluster (the switch, or any member in cooperative mode) takes a
 //! [`ClusterSample`] of cumulative counters about once a second and gives it to a [`Sampler`],
 //! which turns the difference from the previous sample into rates and response-time quantiles:
 //! one small [`Update`] for the whole cluster, plus a [`Meta`] (node names, columns) whenever
@@ -11,6 +11,7 @@
 //! event, each node is one JSON array whose columns the meta names ([`COLUMNS`]), and numbers
 //! carry three significant digits ([`Num`]).
 
+pub mod coop;
 pub mod feed;
 pub mod hot;
 pub mod latency;
@@ -36,6 +37,10 @@ pub fn page() -> Page {
     }
 }
 
+/// The kind of a cooperative member's feed ([`Meta::kind`]): its rows carry the
+/// [`COOP_COLUMNS`].
+pub const COOPERATIVE: &str = "cooperative";
+
 /// Hot targets listed per update.
 pub const HOT_LISTED: usize = 5;
 
@@ -55,6 +60,53 @@ pub const COLUMNS: [&str; 12] = [
     "hit",
 ];
 
+/// How an operator holds a node out of service (the switch's actions).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hold {
+    /// Drained: no new requests; those in flight finish.
+    Drain,
+    /// Marked down.
+    Down,
+}
+
+/// A node's state as the page shows it: the `up` column of a row.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum State {
+    /// Out of service: failed, or not answering (`0`).
+    #[default]
+    Down,
+    /// In service (`1`).
+    Up,
+    /// Drained by the operator, requests still in flight on it (`2`).
+    Draining,
+    /// Drained by the operator, nothing in flight any more (`3`).
+    Drained,
+    /// Marked down by the operator (`4`).
+    Held,
+}
+
+impl State {
+    fn code(self) -> u8 {
+        match self {
+            State::Down => 0,
+            State::Up => 1,
+            State::Draining => 2,
+            State::Drained => 3,
+            State::Held => 4,
+        }
+    }
+
+    fn from_code(c: u8) -> State {
+        match c {
+            1 => State::Up,
+            2 => State::Draining,
+            3 => State::Drained,
+            4 => State::Held,
+            _ => State::Down,
+        }
+    }
+}
+
 /// What the process knows of one node at one instant: cumulative counters and gauges.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NodeSample {
@@ -62,6 +114,8 @@ pub struct NodeSample {
     pub name: String,
     /// Whether it is in service.
     pub up: bool,
+    /// How the operator holds it out, if they do.
+    pub held: Option<Hold>,
     /// Requests it served so far.
     pub requests: u64,
     /// Response bytes it sent so far.
@@ -86,6 +140,17 @@ pub struct NodeSample {
     pub hits: u64,
     /// Its response times so far.
     pub latency: LatencyCounts,
+    /// Cooperative mode: what only a member has.
+    pub coop: Option<CoopSample>,
+}
+
+/// A cooperative member's own figures, beside a [`NodeSample`]'s.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CoopSample {
+    /// Clones it gave back so far.
+    pub hand_backs: u64,
+    /// Copies of peers' hot objects it holds now; `None` with replication off.
+    pub replicas: Option<u64>,
 }
 
 impl NodeSample {
@@ -94,6 +159,7 @@ impl NodeSample {
         NodeSample {
             name: name.into(),
             up: true,
+            held: None,
             requests: 0,
             bytes: 0,
             in_flight: 0,
@@ -106,6 +172,7 @@ impl NodeSample {
             cache_reported: 0,
             hits: 0,
             latency: [0; latency::BUCKETS],
+            coop: None,
         }
     }
 }
@@ -180,7 +247,7 @@ impl<'de> Deserialize<'de> for Num {
 /// Everything that changes only with the node list; sent as the `meta` event.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Meta {
-    /// Who sends it: `switch` (later `cooperative`).
+    /// Who sends it: `switch` or [`COOPERATIVE`].
     pub kind: String,
     /// The dispatching policy.
     pub policy: String,
@@ -211,6 +278,10 @@ pub struct Totals {
     pub moves: Num,
     /// Fallbacks per second.
     pub fb: Num,
+    /// Cooperative mode: connections given back per second (after the one request each clone
+    /// serves).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backs: Option<Num>,
 }
 
 /// One hot target: its name, the node its last request went to, requests per second.
@@ -228,11 +299,14 @@ pub struct MapSummary {
     pub hot: Vec<HotRow>,
 }
 
-/// One node in an update, sent as an array in [`COLUMNS`] order.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(into = "RowTuple", from = "RowTuple")]
+/// One node in an update, sent as an array in [`COLUMNS`] order, followed by the
+/// [`COOP_COLUMNS`] when the row has them (cooperative mode).
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeRow {
+    /// In service: [`State::Up`].
     pub up: bool,
+    /// The state in full, sent as the `up` column's number ([`State`]).
+    pub state: State,
     /// Requests per second.
     pub rps: Num,
     /// Response megabytes (10⁶ bytes) per second.
@@ -257,58 +331,100 @@ pub struct NodeRow {
     /// The share of the period's requests it answered from its memory cache, in percent (of
     /// those whose source it reported); `None` in a period without such requests.
     pub hit: Option<Num>,
+    /// Cooperative mode: the copies of peers' hot objects it holds (`None` inside: replication
+    /// is off). `None` for a switch's node, or a member whose figures are unknown.
+    pub coop: Option<CoopRow>,
 }
 
-type RowTuple = (
-    u8,
-    Num,
-    Num,
-    u64,
-    Num,
-    Option<Num>,
-    Option<Num>,
-    Num,
-    Num,
-    Num,
-    u64,
-    Option<Num>,
-);
+/// The cooperative column of a row.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CoopRow {
+    /// Replicas held now; `None` with replication off.
+    pub replicas: Option<u64>,
+}
 
-impl From<NodeRow> for RowTuple {
-    fn from(r: NodeRow) -> Self {
-        (
-            r.up as u8,
-            r.rps,
-            r.mbps,
-            r.conns,
-            r.load,
-            r.p50,
-            r.p99,
-            r.moves,
-            r.fallbacks,
-            r.failures,
-            r.targets,
-            r.hit,
-        )
+/// The extra column of a cooperative member's row, after [`COLUMNS`]. (Hand-backs, nearly as
+/// many as the clones a member takes, travel as the cluster's total, [`Totals::backs`]: a
+/// column more for each of 64 members would not fit the update in 4 KB.)
+pub const COOP_COLUMNS: [&str; 1] = ["replicas"];
+
+impl Serialize for NodeRow {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeTuple;
+        let len = COLUMNS.len() + self.coop.map_or(0, |_| COOP_COLUMNS.len());
+        let mut t = s.serialize_tuple(len)?;
+        t.serialize_element(&self.state.code())?;
+        t.serialize_element(&self.rps)?;
+        t.serialize_element(&self.mbps)?;
+        t.serialize_element(&self.conns)?;
+        t.serialize_element(&self.load)?;
+        t.serialize_element(&self.p50)?;
+        t.serialize_element(&self.p99)?;
+        t.serialize_element(&self.moves)?;
+        t.serialize_element(&self.fallbacks)?;
+        t.serialize_element(&self.failures)?;
+        t.serialize_element(&self.targets)?;
+        t.serialize_element(&self.hit)?;
+        if let Some(c) = &self.coop {
+            t.serialize_element(&c.replicas)?;
+        }
+        t.end()
     }
 }
 
-impl From<RowTuple> for NodeRow {
-    fn from(t: RowTuple) -> Self {
-        NodeRow {
-            up: t.0 != 0,
-            rps: t.1,
-            mbps: t.2,
-            conns: t.3,
-            load: t.4,
-            p50: t.5,
-            p99: t.6,
-            moves: t.7,
-            fallbacks: t.8,
-            failures: t.9,
-            targets: t.10,
-            hit: t.11,
+impl<'de> Deserialize<'de> for NodeRow {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Row;
+        impl<'de> serde::de::Visitor<'de> for Row {
+            type Value = NodeRow;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                write!(
+                    f,
+                    "an array of {} or {} columns",
+                    COLUMNS.len(),
+                    COLUMNS.len() + COOP_COLUMNS.len()
+                )
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut a: A,
+            ) -> Result<NodeRow, A::Error> {
+                use serde::de::Error;
+                let mut k = 0;
+                macro_rules! col {
+                    () => {{
+                        k += 1;
+                        a.next_element()?
+                            .ok_or_else(|| A::Error::invalid_length(k - 1, &self))?
+                    }};
+                }
+                let state = State::from_code(col!());
+                let mut row = NodeRow {
+                    up: state == State::Up,
+                    state,
+                    rps: col!(),
+                    mbps: col!(),
+                    conns: col!(),
+                    load: col!(),
+                    p50: col!(),
+                    p99: col!(),
+                    moves: col!(),
+                    fallbacks: col!(),
+                    failures: col!(),
+                    targets: col!(),
+                    hit: col!(),
+                    coop: None,
+                };
+                if let Some(replicas) = a.next_element()? {
+                    row.coop = Some(CoopRow { replicas });
+                }
+                if a.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                    return Err(A::Error::invalid_length(COLUMNS.len() + 2, &self));
+                }
+                Ok(row)
+            }
         }
+        d.deserialize_seq(Row)
     }
 }
 
@@ -351,6 +467,7 @@ struct Prev {
     failures: u64,
     hits: u64,
     cache_reported: u64,
+    hand_backs: u64,
 }
 
 /// Turns successive samples into updates. Pure: time comes with each sample.
@@ -398,7 +515,15 @@ impl Sampler {
             mechanism: s.mechanism.clone(),
             generation: s.generation,
             interval_ms: self.interval.as_millis() as u64,
-            cols: COLUMNS.iter().map(|c| (*c).to_owned()).collect(),
+            cols: COLUMNS
+                .iter()
+                .chain(if self.kind == COOPERATIVE {
+                    &COOP_COLUMNS[..]
+                } else {
+                    &[]
+                })
+                .map(|c| (*c).to_owned())
+                .collect(),
             nodes: s.nodes.iter().map(|n| n.name.clone()).collect(),
         };
         let meta_changed = self.meta.as_deref() != Some(&meta);
@@ -425,7 +550,7 @@ impl Sampler {
             queue: s.queue,
             ..Totals::default()
         };
-        let (mut rps, mut bps, mut moves) = (0.0, 0.0, 0.0);
+        let (mut rps, mut bps, mut moves, mut backs) = (0.0, 0.0, 0.0, 0.0);
         let rows = s
             .nodes
             .iter()
@@ -450,8 +575,16 @@ impl Sampler {
                 let window = base
                     .and_then(|m| m.get(&n.name))
                     .and_then(|old| latency::delta(&n.latency, old));
+                let state = match (n.held, n.in_flight) {
+                    (Some(Hold::Drain), 0) => State::Drained,
+                    (Some(Hold::Drain), _) => State::Draining,
+                    (Some(Hold::Down), _) => State::Held,
+                    (None, _) if n.up => State::Up,
+                    (None, _) => State::Down,
+                };
                 NodeRow {
-                    up: n.up,
+                    up: state == State::Up,
+                    state,
                     rps: Num::round(r),
                     mbps: Num::round(b / 1e6),
                     conns: n.connections.unwrap_or(n.in_flight),
@@ -469,6 +602,12 @@ impl Sampler {
                     failures: Num::round(per_s(d[4])),
                     targets: n.targets,
                     hit: (d[6] > 0).then(|| Num::round(100.0 * d[5] as f64 / d[6] as f64)),
+                    coop: n.coop.map(|c| {
+                        backs += per_s(p.map_or(0, |p| increase(c.hand_backs, p.hand_backs)));
+                        CoopRow {
+                            replicas: c.replicas,
+                        }
+                    }),
                 }
             })
             .collect();
@@ -476,6 +615,7 @@ impl Sampler {
         totals.rps = Num::round(rps);
         totals.mbps = Num::round(bps / 1e6);
         totals.moves = Num::round(moves);
+        totals.backs = (self.kind == COOPERATIVE).then(|| Num::round(backs));
         totals.fb = Num::round(if prev.is_some() {
             per_s(increase(fb_total, prev_fb))
         } else {
@@ -510,6 +650,7 @@ impl Sampler {
                             failures: n.failures,
                             hits: n.hits,
                             cache_reported: n.cache_reported,
+                            hand_backs: n.coop.map_or(0, |c| c.hand_backs),
                         },
                     )
                 })
@@ -609,6 +750,48 @@ mod tests {
         let back: Update = serde_json::from_str(&text).unwrap();
         assert_eq!(back.n[0].hit, Some(Num(75.0)));
         assert_eq!(COLUMNS.last(), Some(&"hit"));
+    }
+
+    #[test]
+    fn an_operator_s_hold_shows_in_the_up_column() {
+        let mut s = Sampler::new("switch", secs(1.0), secs(5.0));
+        let held = |held, in_flight, up| NodeSample {
+            held,
+            in_flight,
+            up,
+            ..node("a", 0, 0)
+        };
+        let rows = s
+            .step(&sample(
+                1.0,
+                vec![
+                    held(None, 0, true),
+                    held(None, 0, false),
+                    held(Some(Hold::Drain), 2, false),
+                    held(Some(Hold::Drain), 0, false),
+                    held(Some(Hold::Down), 1, false),
+                ],
+            ))
+            .update
+            .n;
+        let states: Vec<State> = rows.iter().map(|r| r.state).collect();
+        assert_eq!(
+            states,
+            [
+                State::Up,
+                State::Down,
+                State::Draining,
+                State::Drained,
+                State::Held
+            ]
+        );
+        let text = serde_json::to_string(&rows).unwrap();
+        assert!(text.starts_with("[[1,") && text.contains("],[4,"), "{text}");
+        let back: Vec<NodeRow> = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, rows);
+        assert!(back[0].up && !back[2].up);
+        // A row of the wrong length is refused.
+        assert!(serde_json::from_str::<NodeRow>("[1,2,3]").is_err());
     }
 
     #[test]
