@@ -24,7 +24,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Candidate, PeerId, RescueConfig};
+use crate::proto::valid_name;
+use crate::{Candidate, ConfigError, PeerId, RescueConfig};
 
 /// What one site registers (§4.5's service template: URL, IP address, PortDots, d_free), plus
 /// an optional administrative domain so that origins can spread their rescue servers.
@@ -349,6 +350,342 @@ impl Advertiser {
     }
 }
 
+/// `[rescue.registry]`: where the registry is and how registrations and searches are timed.
+///
+/// ```toml
+/// [rescue.registry]
+/// endpoints = ["http://10.0.0.11:2379", "http://10.0.0.12:2379", "http://10.0.0.13:2379"]
+/// # ttl_secs = 10   search_interval_ms = 1000   request_timeout_ms = 1000
+/// # prefix = "/switchyard/rescue/"   max_candidates = 32   port_dots = 9000   domain = "example.org"
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryConfig {
+    /// The etcd members' client URLs, `http://host:port`.
+    pub endpoints: Vec<String>,
+    /// The lease TTL, seconds: a crashed site leaves the registry this long after its last
+    /// renewal. 10 s: renewals every 3.3 s survive two lost in a row (an election takes about
+    /// one election timeout, 1 s by default), and a crashed site stops being asked for help
+    /// within about ten control intervals.
+    #[serde(default = "d_ttl")]
+    pub ttl_secs: u64,
+    /// How often the registry is searched, ms. One control interval (seed 001 runs its search
+    /// timer in the control thread).
+    #[serde(default = "d_search")]
+    pub search_interval_ms: u64,
+    /// The time limit of one registry request, ms. Less than a third of the TTL, so that a
+    /// renewal sent to a member that died can time out and go to another one in time.
+    #[serde(default = "d_req_timeout")]
+    pub request_timeout_ms: u64,
+    /// The key prefix of registrations: `/…/`.
+    #[serde(default = "d_prefix")]
+    pub prefix: String,
+    /// The most candidates kept from a search.
+    #[serde(default = "d_max_candidates")]
+    pub max_candidates: usize,
+    /// The port of this site's rescue protocol (PortDots), registered for others to connect to.
+    #[serde(default = "d_port_dots")]
+    pub port_dots: u16,
+    /// This site's administrative domain, registered so origins can spread their rescue servers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
+}
+
+fn d_ttl() -> u64 {
+    10
+}
+fn d_search() -> u64 {
+    1000
+}
+fn d_req_timeout() -> u64 {
+    1000
+}
+fn d_prefix() -> String {
+    "/switchyard/rescue/".into()
+}
+fn d_max_candidates() -> usize {
+    32
+}
+fn d_port_dots() -> u16 {
+    9000
+}
+
+impl RegistryConfig {
+    /// The defaults with these endpoints.
+    pub fn new(endpoints: Vec<String>) -> Self {
+        RegistryConfig {
+            endpoints,
+            ttl_secs: d_ttl(),
+            search_interval_ms: d_search(),
+            request_timeout_ms: d_req_timeout(),
+            prefix: d_prefix(),
+            max_candidates: d_max_candidates(),
+            port_dots: d_port_dots(),
+            domain: None,
+        }
+    }
+
+    /// The lease TTL.
+    pub fn ttl(&self) -> Duration {
+        Duration::from_secs(self.ttl_secs)
+    }
+
+    /// The search interval.
+    pub fn search_interval(&self) -> Duration {
+        Duration::from_millis(self.search_interval_ms)
+    }
+
+    /// The time limit of one request.
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
+
+    /// The renewal policy for this TTL.
+    pub fn renewal(&self) -> RenewalPolicy {
+        RenewalPolicy::new(self.ttl())
+    }
+
+    /// The registry key of the site named `name`.
+    pub fn key(&self, name: &str) -> String {
+        format!("{}{}", self.prefix, name)
+    }
+
+    /// Checks every value.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let err = |key: &'static str, msg: String| Err(ConfigError { key, msg });
+        if self.endpoints.is_empty() {
+            return err("registry.endpoints", "must name at least one etcd member".into());
+        }
+        for e in &self.endpoints {
+            if endpoint_host_port(e).is_none() {
+                return err(
+                    "registry.endpoints",
+                    format!("`{e}` is not of the form http://host:port"),
+                );
+            }
+        }
+        if !(2..=3600).contains(&self.ttl_secs) {
+            return err("registry.ttl_secs", "must be from 2 to 3600".into());
+        }
+        if self.search_interval_ms < 100 || self.search_interval_ms > self.ttl_secs * 1000 {
+            return err(
+                "registry.search_interval_ms",
+                "must be from 100 ms to the TTL".into(),
+            );
+        }
+        if self.request_timeout_ms < 10 || self.request_timeout_ms * 3 > self.ttl_secs * 1000 {
+            return err(
+                "registry.request_timeout_ms",
+                "must be at least 10 ms and at most a third of the TTL".into(),
+            );
+        }
+        if !(self.prefix.starts_with('/') && self.prefix.ends_with('/') && self.prefix.len() > 1)
+            || self.prefix.bytes().any(|b| !b.is_ascii_graphic())
+        {
+            return err(
+                "registry.prefix",
+                format!("`{}` must start and end with `/` and hold only printable ASCII", self.prefix),
+            );
+        }
+        if self.max_candidates == 0 {
+            return err("registry.max_candidates", "must be at least 1".into());
+        }
+        if self.port_dots == 0 {
+            return err("registry.port_dots", "must not be 0".into());
+        }
+        if let Some(d) = &self.domain {
+            if !valid_name(d) {
+                return err("registry.domain", format!("`{d}` is not a domain name"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `(host, port)` of `http://host:port` (or `http://host:port/`).
+pub fn endpoint_host_port(url: &str) -> Option<(&str, u16)> {
+    let rest = url.strip_prefix("http://")?;
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    let (host, port) = rest.rsplit_once(':')?;
+    let port: u16 = port.parse().ok().filter(|p| *p != 0)?;
+    let host_ok = valid_name(host)
+        || host.parse::<std::net::Ipv4Addr>().is_ok()
+        || host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .is_some_and(|h| h.parse::<std::net::Ipv6Addr>().is_ok());
+    host_ok.then_some((host, port))
+}
+
+/// A TSIG secret: kept out of debug output.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(…)")
+    }
+}
+
+/// `[rescue.dns]`: the DNS server holding this site's zone, which takes RFC 2136 updates
+/// signed with a TSIG key. The site's own name (its round robin, as an origin) and its virtual
+/// host names (as a rescue server) are in this zone.
+///
+/// ```toml
+/// [rescue.dns]
+/// server = "10.0.0.2:53"
+/// zone = "origin.example"
+/// tsig_key_name = "switchyard-update"
+/// tsig_secret = "base64 of the key, as tsig-keygen prints it"
+/// # tsig_algorithm = "hmac-sha256"   ttl_secs = 30   vhost_ttl_secs = 300
+/// # timeout_ms = 2000   retry_max_ms = 30000
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DnsConfig {
+    /// The primary server of the zone.
+    pub server: std::net::SocketAddr,
+    /// The zone.
+    pub zone: String,
+    /// The TSIG key's name, as the server knows it.
+    pub tsig_key_name: String,
+    /// The TSIG key, base64.
+    pub tsig_secret: Secret,
+    /// `hmac-sha256` (default), `hmac-sha384` or `hmac-sha512`.
+    #[serde(default = "d_alg")]
+    pub tsig_algorithm: String,
+    /// TTL of the round-robin A records of the site's own name, seconds.
+    ///
+    /// 30 s: resolvers keep an address this long, so a released rescue server goes on
+    /// receiving DNS-routed clients for up to 30 s (it redirects them back as an expired
+    /// origin's, so nothing is lost), and a new one starts receiving them within 30 s, which is
+    /// the time scale of the release decision (N_low = 30 intervals of 1 s). Shorter would
+    /// multiply the queries the site's DNS answers during the crowd.
+    #[serde(default = "d_rr_ttl")]
+    pub ttl_secs: u32,
+    /// TTL of virtual host names' A records, seconds.
+    ///
+    /// 300 s: a virtual host name maps to its rescue server for the relationship's life and
+    /// afterwards (the server redirects an expired origin's requests back), so a cached answer
+    /// never goes stale in a harmful way; a long TTL spares the rescue server's DNS.
+    #[serde(default = "d_vhost_ttl")]
+    pub vhost_ttl_secs: u32,
+    /// The time limit of one update, ms.
+    #[serde(default = "d_dns_timeout")]
+    pub timeout_ms: u64,
+    /// The longest wait between retries of a failed update, ms (they start at 250 ms and
+    /// double).
+    #[serde(default = "d_retry_max")]
+    pub retry_max_ms: u64,
+}
+
+fn d_alg() -> String {
+    "hmac-sha256".into()
+}
+fn d_rr_ttl() -> u32 {
+    30
+}
+fn d_vhost_ttl() -> u32 {
+    300
+}
+fn d_dns_timeout() -> u64 {
+    2000
+}
+fn d_retry_max() -> u64 {
+    30_000
+}
+
+/// The TSIG algorithms accepted.
+pub const TSIG_ALGORITHMS: [&str; 3] = ["hmac-sha256", "hmac-sha384", "hmac-sha512"];
+
+impl DnsConfig {
+    /// The defaults for this server, zone and key.
+    pub fn new(
+        server: std::net::SocketAddr,
+        zone: &str,
+        tsig_key_name: &str,
+        tsig_secret: &str,
+    ) -> Self {
+        DnsConfig {
+            server,
+            zone: zone.into(),
+            tsig_key_name: tsig_key_name.into(),
+            tsig_secret: Secret(tsig_secret.into()),
+            tsig_algorithm: d_alg(),
+            ttl_secs: d_rr_ttl(),
+            vhost_ttl_secs: d_vhost_ttl(),
+            timeout_ms: d_dns_timeout(),
+            retry_max_ms: d_retry_max(),
+        }
+    }
+
+    /// The key's bytes.
+    pub fn tsig_key(&self) -> Result<Vec<u8>, ConfigError> {
+        use base64::Engine as _;
+        let key = base64::engine::general_purpose::STANDARD
+            .decode(self.tsig_secret.0.trim())
+            .map_err(|e| ConfigError {
+                key: "dns.tsig_secret",
+                msg: format!("is not base64: {e}"),
+            })?;
+        if key.len() < 16 {
+            return Err(ConfigError {
+                key: "dns.tsig_secret",
+                msg: format!("is {} bytes long; at least 16 are needed", key.len()),
+            });
+        }
+        Ok(key)
+    }
+
+    /// Whether `name` is the zone or inside it.
+    pub fn in_zone(&self, name: &str) -> bool {
+        let (n, z) = (name.trim_end_matches('.'), self.zone.trim_end_matches('.'));
+        n.eq_ignore_ascii_case(z)
+            || (n.len() > z.len()
+                && n.as_bytes()[n.len() - z.len() - 1] == b'.'
+                && n[n.len() - z.len()..].eq_ignore_ascii_case(z))
+    }
+
+    /// Checks every value.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let err = |key: &'static str, msg: String| Err(ConfigError { key, msg });
+        if self.server.port() == 0 {
+            return err("dns.server", "port must not be 0".into());
+        }
+        if !valid_name(self.zone.trim_end_matches('.')) {
+            return err("dns.zone", format!("`{}` is not a domain name", self.zone));
+        }
+        if !valid_name(self.tsig_key_name.trim_end_matches('.')) {
+            return err(
+                "dns.tsig_key_name",
+                format!("`{}` is not a key name", self.tsig_key_name),
+            );
+        }
+        if !TSIG_ALGORITHMS.contains(&self.tsig_algorithm.as_str()) {
+            return err(
+                "dns.tsig_algorithm",
+                format!(
+                    "`{}` is not one of {}",
+                    self.tsig_algorithm,
+                    TSIG_ALGORITHMS.join(", ")
+                ),
+            );
+        }
+        self.tsig_key()?;
+        if self.ttl_secs == 0 || self.vhost_ttl_secs == 0 {
+            return err("dns.ttl_secs", "TTLs must be at least 1 s".into());
+        }
+        if self.timeout_ms == 0 {
+            return err("dns.timeout_ms", "must be at least 1".into());
+        }
+        if self.retry_max_ms < 250 {
+            return err("dns.retry_max_ms", "must be at least 250".into());
+        }
+        Ok(())
+    }
+}
+
 /// How long after a site's crash every searcher has stopped listing it, at most.
 pub fn disappearance_bound(ttl: Duration, search_interval: Duration) -> Duration {
     ttl + search_interval
@@ -412,6 +749,71 @@ mod tests {
     }
 
     const S: fn(u64) -> Duration = Duration::from_secs;
+
+    const KEY: &str = "c2VjcmV0LWtleS1vZi0zMi1ieXRlcy1sb25nLi4uLi4=";
+
+    fn site_toml(extra: &str) -> String {
+        format!(
+            "server_name = \"www.origin.com\"\nweb_ip = \"1.2.3.4\"\nweb_port = 8080\n\
+             bandwidth_kbps = 1250\n{extra}"
+        )
+    }
+
+    #[test]
+    fn registry_and_dns_tables_parse_with_defaults() {
+        let text = site_toml(&format!(
+            "[registry]\nendpoints = [\"http://127.0.0.1:2379\", \"http://[::1]:2379/\", \"http://etcd-2.lab:2379\"]\n\
+             [dns]\nserver = \"127.0.0.1:5353\"\nzone = \"origin.com.\"\ntsig_key_name = \"k1\"\ntsig_secret = \"{KEY}\"\n"
+        ));
+        let c: RescueConfig = toml::from_str(&text).unwrap();
+        c.validate().unwrap();
+        let r = c.registry.as_ref().unwrap();
+        assert_eq!((r.ttl_secs, r.search_interval_ms, r.port_dots), (10, 1000, 9000));
+        assert_eq!(r.key("www.origin.com"), "/switchyard/rescue/www.origin.com");
+        let d = c.dns.as_ref().unwrap();
+        assert_eq!((d.tsig_algorithm.as_str(), d.ttl_secs, d.vhost_ttl_secs), ("hmac-sha256", 30, 300));
+        assert_eq!(d.tsig_key().unwrap(), b"secret-key-of-32-bytes-long.....");
+        assert!(!format!("{d:?}").contains(KEY));
+        assert!(d.in_zone("www-vh1.origin.com") && d.in_zone("ORIGIN.com") && !d.in_zone("xorigin.com"));
+        // Serialized back, the same.
+        let back: RescueConfig = toml::from_str(&toml::to_string(&c).unwrap()).unwrap();
+        assert_eq!(back, c);
+    }
+
+    #[test]
+    fn bad_registry_and_dns_values_say_which_key() {
+        let dns = |extra: &str| {
+            format!("[dns]\nserver = \"127.0.0.1:53\"\nzone = \"origin.com\"\ntsig_key_name = \"k\"\ntsig_secret = \"{KEY}\"\n{extra}")
+        };
+        let cases = [
+            ("[registry]\nendpoints = []\n".to_string(), "registry.endpoints"),
+            ("[registry]\nendpoints = [\"https://a:1\"]\n".into(), "registry.endpoints"),
+            ("[registry]\nendpoints = [\"http://a\"]\n".into(), "registry.endpoints"),
+            ("[registry]\nendpoints = [\"http://a:1\"]\nttl_secs = 1\n".into(), "registry.ttl_secs"),
+            ("[registry]\nendpoints = [\"http://a:1\"]\nttl_secs = 3\nrequest_timeout_ms = 1500\n".into(), "registry.request_timeout_ms"),
+            ("[registry]\nendpoints = [\"http://a:1\"]\nsearch_interval_ms = 20000\n".into(), "registry.search_interval_ms"),
+            ("[registry]\nendpoints = [\"http://a:1\"]\nprefix = \"x\"\n".into(), "registry.prefix"),
+            ("[registry]\nendpoints = [\"http://a:1\"]\nmax_candidates = 0\n".into(), "registry.max_candidates"),
+            (dns("tsig_algorithm = \"hmac-md5\"\n"), "dns.tsig_algorithm"),
+            (dns("ttl_secs = 0\n"), "dns.ttl_secs"),
+            (dns("retry_max_ms = 1\n"), "dns.retry_max_ms"),
+            (dns("").replace(KEY, "not base64!"), "dns.tsig_secret"),
+            (dns("").replace(KEY, "c2hvcnQ="), "dns.tsig_secret"),
+            (dns("").replace("zone = \"origin.com\"", "zone = \"other.com\""), "dns.zone"),
+            (dns("").replace("zone = \"origin.com\"", "zone = \"a..b\""), "dns.zone"),
+            (dns("").replace("tsig_key_name = \"k\"", "tsig_key_name = \"\""), "dns.tsig_key_name"),
+        ];
+        for (extra, key) in cases {
+            let c: RescueConfig = toml::from_str(&site_toml(&extra)).unwrap();
+            let e = c.validate().unwrap_err();
+            assert_eq!(e.key, key, "{extra}: {e}");
+        }
+        // Unknown keys and unparsable values fail at parse time, naming the key.
+        let e = toml::from_str::<RescueConfig>(&site_toml("[registry]\nendpoints = [\"http://a:1\"]\nttl = 3\n")).unwrap_err();
+        assert!(e.to_string().contains("ttl"), "{e}");
+        let e = toml::from_str::<RescueConfig>(&site_toml(&dns("").replace("127.0.0.1:53", "nowhere"))).unwrap_err();
+        assert!(e.to_string().contains("server"), "{e}");
+    }
 
     #[test]
     fn registration_of_a_config() {
@@ -562,7 +964,7 @@ mod tests {
             let mut a = Advertiser::new(policy, 500.0, 500.0);
             let mut now = Duration::ZERO;
             let mut grants = 0;
-            let mut run_until = |a: &mut Advertiser, now: &mut Duration, end: Duration, grants: &mut u32| -> Result<(), TestCaseError> {
+            let run_until = |a: &mut Advertiser, now: &mut Duration, end: Duration, grants: &mut u32| -> Result<(), TestCaseError> {
                 loop {
                     loop {
                         match a.poll(*now) {
