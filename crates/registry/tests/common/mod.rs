@@ -30,12 +30,23 @@ pub fn require(cmd: &str, package: &str) -> PathBuf {
     panic!("`{cmd}` is not installed: these tests start a real one; install the Debian package {package} (scripts/install-deps does)");
 }
 
-/// Free loopback ports, held until the caller lets go of the listeners.
+/// Free loopback ports, never the same one twice in this process (the kernel may hand a
+/// port it just gave to another test again once its probe socket is closed).
 pub fn free_ports(n: usize) -> Vec<u16> {
-    let ls: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    ls.iter().map(|l| l.local_addr().unwrap().port()).collect()
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap();
+    let mut held = Vec::new();
+    let mut out = Vec::new();
+    while out.len() < n {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = l.local_addr().unwrap().port();
+        if !given.contains(&p) {
+            given.push(p);
+            out.push(p);
+        }
+        held.push(l);
+    }
+    out
 }
 
 /// A child's stderr lines, to wait on.
@@ -48,7 +59,9 @@ impl Log {
         std::thread::spawn(move || {
             for line in BufReader::new(stream).lines().map_while(Result::ok) {
                 let (lines, cv) = &*me.0;
-                lines.lock().unwrap().push(line);
+                let Ok(mut g) = lines.lock() else { return };
+                g.push(line);
+                drop(g);
                 cv.notify_all();
             }
         });
@@ -93,6 +106,9 @@ fn spawn(cmd: &mut Command, log: &Log) -> Child {
     log.follow(child.stderr.take().unwrap());
     child
 }
+
+/// What a member logs once it has joined the cluster and serves clients.
+const READY: &str = "published local member to cluster";
 
 /// One etcd member.
 pub struct Member {
@@ -155,7 +171,7 @@ impl Etcd {
         }
         for m in &e.members {
             m.log
-                .wait_for(0, "ready to serve client requests", Duration::from_secs(30));
+                .wait_for(0, READY, Duration::from_secs(30));
         }
         e
     }
@@ -180,13 +196,18 @@ impl Etcd {
         }
     }
 
-    /// Starts member `i` again on its data and waits until it serves clients.
-    pub fn restart(&mut self, i: usize) {
-        let from = self.members[i].log.len();
-        self.spawn(i);
-        self.members[i]
-            .log
-            .wait_for(from, "ready to serve client requests", Duration::from_secs(30));
+    /// Starts the members `which` again on their data and waits until each serves clients
+    /// (a member is ready only once a quorum is up, so they are started together).
+    pub fn restart(&mut self, which: &[usize]) {
+        let from: Vec<usize> = which.iter().map(|i| self.members[*i].log.len()).collect();
+        for i in which {
+            self.spawn(*i);
+        }
+        for (i, from) in which.iter().zip(from) {
+            self.members[*i]
+                .log
+                .wait_for(from, READY, Duration::from_secs(30));
+        }
     }
 
     /// The index of the leader, as member `asked` sees it.
