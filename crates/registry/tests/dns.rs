@@ -93,7 +93,7 @@ async fn signed_updates_add_and_remove_round_robin_and_vhost_records() {
     wait_until(&mut rx, LIMIT, "the vhost removal", |s| s.applied == 5).await;
     assert!(a_records(named.addr, "www-vh7.origin.test.").await.is_empty());
     let s = hook.dns().unwrap().snapshot();
-    assert_eq!((s.failures, s.pending), (0, 0));
+    assert_eq!((s.failures, s.pending), (0, 0), "{:?} {}", s.last_error, named.log.dump());
     assert_eq!(metrics.updates.get(), 5);
     assert_eq!(metrics.failures.get(), 0);
 }

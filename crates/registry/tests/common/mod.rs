@@ -85,6 +85,11 @@ impl Log {
         }
     }
 
+    /// The lines so far, one string.
+    pub fn dump(&self) -> String {
+        self.0 .0.lock().unwrap().join("\n")
+    }
+
     /// Lines so far.
     pub fn len(&self) -> usize {
         self.0 .0.lock().unwrap().len()
@@ -302,6 +307,13 @@ zone "refuse.test" {{ type primary; file "{d}/refuse.test.db"; allow-update {{ n
         cmd.arg("-g").arg("-4").arg("-n").arg("1").arg("-c").arg(&conf_path);
         let child = spawn(&mut cmd, &log);
         log.wait_for(0, "running", Duration::from_secs(30));
+        // named logs `running` before its TCP listener takes connections: probe it.
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let end = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err() {
+            assert!(Instant::now() < end, "named takes no TCP connections:\n{}", log.dump());
+            std::thread::sleep(Duration::from_millis(10));
+        }
         Named {
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
             child,
