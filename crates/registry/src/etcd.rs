@@ -13,7 +13,8 @@
 //! A leader change does not expire a lease: etcd renews every lease's TTL when a new leader
 //! takes over, and the keeper renews every TTL/3 with requests limited to
 //! `request_timeout` (at most TTL/3), so it can lose two renewals in a row and still renew in
-//! time through another member.
+//! time through another member. Should renewals fail for longer, the keeper asks etcd about the
+//! old lease before taking a new one, so a registration that is still alive is not replaced.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -194,14 +194,13 @@ async fn with_etcd_unreachable_the_last_candidates_are_kept_and_it_recovers() {
     wait_until(&mut arx, LIMIT, "failed renewals", |s| s.renew_failures >= 2).await;
     // Back: searches are answered again and a is registered (under a new lease if its old
     // one ran out meanwhile).
+    let kept = arx.borrow().keepalives;
     etcd.restart(&[0, 1, 2]);
-    let failures = rx.borrow().search_failures;
     let searches = rx.borrow().searches;
-    let s = wait_until(&mut rx, LIMIT, "searches again", |s| {
-        s.searches > searches + 2 && s.search_failures == failures && s.candidates.len() == 1
+    let s = wait_until(&mut rx, LIMIT, "searches answered again", |s| {
+        s.searches > searches + 2 && s.candidates.len() == 1
     })
     .await;
     assert_eq!(names(&s.candidates), ["a.site.test"]);
-    let sa = wait_until(&mut arx, LIMIT, "a renewing again", |s| s.published.is_some()).await;
-    assert!(sa.leases_granted >= 1);
+    wait_until(&mut arx, LIMIT, "a renewing again", |s| s.keepalives > kept).await;
 }

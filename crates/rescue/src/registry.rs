@@ -177,7 +177,8 @@ impl RenewalPolicy {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Step {
     /// Write the registration with this d_free (kB/s). With `new_lease`, under a new lease
-    /// (there is none, or the old one must be presumed expired); otherwise under the current one.
+    /// (there is none, or the registry said the old one is gone); otherwise under the current
+    /// one.
     Publish {
         /// d_free to write, kB/s.
         d_free_kbps: f64,
@@ -186,7 +187,7 @@ pub enum Step {
         /// Why.
         reason: PublishReason,
     },
-    /// Renew the lease.
+    /// Renew the lease (also when it is presumed expired: the registry's answer tells).
     KeepAlive,
     /// Nothing until [`Advertiser::next_deadline`].
     Idle,
@@ -196,7 +197,7 @@ pub enum Step {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PublishReason {
-    /// No lease yet, or the last one must be presumed expired.
+    /// No lease yet, or the registry said the last one is gone.
     NoLease,
     /// d_free changed beyond the threshold.
     Changed,
@@ -282,8 +283,14 @@ impl Advertiser {
             new_lease,
             reason,
         };
-        if !self.lease_alive(now) {
-            return publish(true, PublishReason::NoLease);
+        match self.lease_until {
+            None => return publish(true, PublishReason::NoLease),
+            // Our estimate ran out (renewals failed for a while): ask the registry, which
+            // may still hold the lease (a new leader renews every lease when it takes
+            // over). Only when it says the lease is gone is a new one taken, so a
+            // registration is never replaced while it is still alive.
+            Some(until) if now >= until => return Step::KeepAlive,
+            Some(_) => {}
         }
         match self.published {
             None => return publish(false, PublishReason::NoLease),
@@ -880,12 +887,18 @@ mod tests {
         a.on_failure(S(5), S(1));
         assert_eq!(a.poll(S(5)), Step::Idle);
         assert!(matches!(a.poll(S(6)), Step::Publish { new_lease: false, .. }));
-        // Without keep-alives the lease is presumed gone at its expiry: 3 + 9.
+        // Without renewals the lease is presumed gone at its expiry, 3 + 9; the registry is
+        // asked before a new lease is taken.
         assert!(a.lease_alive(S(11)));
         assert!(!a.lease_alive(S(12)));
-        assert!(matches!(a.poll(S(12)), Step::Publish { new_lease: true, .. }));
-        // A keep-alive answered with TTL 0: the registry dropped the lease.
-        a.on_published(S(12), 500.0, Some(S(9)));
+        assert_eq!(a.published(S(12)), None);
+        assert_eq!(a.poll(S(12)), Step::KeepAlive);
+        // It is still there (a new leader renewed it): carry on under it.
+        a.on_kept_alive(S(12), S(9));
+        assert!(matches!(a.poll(S(12)), Step::Publish { new_lease: false, .. }));
+        a.on_published(S(12), 500.0, None);
+        assert_eq!(a.poll(S(12)), Step::Idle);
+        // A renewal answered with TTL 0: the registry dropped the lease.
         a.on_kept_alive(S(15), Duration::ZERO);
         assert_eq!(a.published(S(15)), None);
         assert!(matches!(a.poll(S(15)), Step::Publish { new_lease: true, .. }));
@@ -942,6 +955,54 @@ mod tests {
                     if !r.iter().any(|x| x.name() == y.name()) {
                         prop_assert!(y.d_free_kbps <= last);
                     }
+                }
+            }
+        }
+
+        /// Whatever fails, a new lease is asked for only at the start or after the registry
+        /// said the old one is gone; and the machine never stalls (Idle always has a later
+        /// deadline).
+        #[test]
+        fn a_new_lease_only_after_the_registry_dropped_the_old_one(
+            outcomes in proptest::collection::vec(0u8..10, 1..300),
+            ttl_s in 3u64..20,
+        ) {
+            let policy = RenewalPolicy::new(S(ttl_s));
+            let mut a = Advertiser::new(policy, 500.0, 500.0);
+            let mut now = Duration::ZERO;
+            let mut gone = true;
+            for o in outcomes {
+                match a.poll(now) {
+                    Step::Publish { d_free_kbps, new_lease, .. } => {
+                        if new_lease {
+                            prop_assert!(gone, "new lease at {now:?} while the old one lives");
+                        }
+                        if o < 3 {
+                            a.on_failure(now, Duration::from_millis(500));
+                        } else {
+                            a.on_published(now, d_free_kbps, new_lease.then_some(policy.ttl));
+                            gone &= !new_lease;
+                        }
+                    }
+                    Step::KeepAlive => {
+                        if o < 3 {
+                            a.on_failure(now, Duration::from_millis(500));
+                        } else if o == 3 {
+                            a.on_kept_alive(now, Duration::ZERO);
+                            gone = true;
+                        } else {
+                            a.on_kept_alive(now, policy.ttl);
+                        }
+                    }
+                    Step::Idle => {
+                        let next = a.next_deadline(now);
+                        prop_assert!(next > now);
+                        now = next;
+                    }
+                }
+                now += Duration::from_millis(100);
+                if o == 9 {
+                    a.set_d_free(if a.d_free() > 0.0 { 0.0 } else { 500.0 });
                 }
             }
         }
