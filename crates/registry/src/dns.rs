@@ -265,14 +265,10 @@ impl Worker {
         if client.is_none() {
             let (stream, handle) =
                 TcpClientStream::<AsyncIoTokioAsStd<TcpStream>>::new(self.server);
-            let (c, bg) = AsyncClient::with_timeout(
-                stream,
-                handle,
-                self.timeout,
-                Some(self.signer.clone()),
-            )
-            .await
-            .map_err(|e| format!("cannot connect to {}: {e}", self.server))?;
+            let (c, bg) =
+                AsyncClient::with_timeout(stream, handle, self.timeout, Some(self.signer.clone()))
+                    .await
+                    .map_err(|e| format!("cannot connect to {}: {e}", self.server))?;
             tokio::spawn(bg);
             *client = Some(c);
         }
@@ -317,7 +313,10 @@ mod tests {
         let got: Vec<_> = q.iter().map(|u| (u.op, u.ip.to_string())).collect();
         assert_eq!(
             got,
-            [(Op::Add, "10.0.0.2".into()), (Op::Remove, "10.0.0.1".into())]
+            [
+                (Op::Add, "10.0.0.2".into()),
+                (Op::Remove, "10.0.0.1".into())
+            ]
         );
         assert_eq!(m.superseded.get(), 1);
     }
@@ -339,7 +338,8 @@ mod tests {
             d.add_a("bad..name", "10.0.0.1".parse().unwrap()),
             Err(Error::Name(..))
         ));
-        d.add_a("www.origin.test", "10.0.0.1".parse().unwrap()).unwrap();
+        d.add_a("www.origin.test", "10.0.0.1".parse().unwrap())
+            .unwrap();
         let mut bad = cfg.clone();
         bad.tsig_secret.0 = "short".into();
         assert!(matches!(

@@ -19,9 +19,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, GetOptions, LeaseKeepAliveStream, LeaseKeeper, PutOptions};
-use switchyard_rescue::registry::{rank, Advertiser, Registration, RegistryConfig, Step};
-use switchyard_rescue::RescueConfig;
+use etcd_client::{
+    Client, ConnectOptions, GetOptions, LeaseKeepAliveStream, LeaseKeeper, PutOptions,
+};
+use switchyard_rescue::registry::{
+    rank, to_candidates, Advertiser, Registration, RegistryConfig, Step,
+};
+use switchyard_rescue::{Candidate, PeerId, RescueConfig};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, timeout, Instant};
@@ -152,6 +156,16 @@ impl Registry {
         self.state.borrow().candidates.as_ref().clone()
     }
 
+    /// The candidates as the core takes them ([`switchyard_rescue::Core::on_tick`]), largest
+    /// free capacity first: `peer_of` names the peer each registration belongs to (the
+    /// driver's peer table); sites that are not peers are left out.
+    pub fn core_candidates(
+        &self,
+        peer_of: impl FnMut(&Registration) -> Option<PeerId>,
+    ) -> Vec<Candidate> {
+        to_candidates(&self.state.borrow().candidates, peer_of)
+    }
+
     /// What the handle knows now.
     pub fn snapshot(&self) -> Snapshot {
         self.state.borrow().clone()
@@ -172,8 +186,13 @@ impl Registry {
         if let Some(id) = lease {
             match timeout(self.timeout, self.client.lease_revoke(id)).await {
                 Ok(Ok(_)) => info!(lease = id, "registry: registration withdrawn"),
-                Ok(Err(e)) => warn!(lease = id, error = %e, "registry: could not revoke the lease; it expires with its TTL"),
-                Err(_) => warn!(lease = id, "registry: revoking the lease timed out; it expires with its TTL"),
+                Ok(Err(e)) => {
+                    warn!(lease = id, error = %e, "registry: could not revoke the lease; it expires with its TTL")
+                }
+                Err(_) => warn!(
+                    lease = id,
+                    "registry: revoking the lease timed out; it expires with its TTL"
+                ),
             }
         }
     }
@@ -238,7 +257,11 @@ async fn search_loop(
         metrics.searches.inc();
         state.send_modify(|s| {
             if s.candidates.as_slice() != ranked.as_slice() {
-                debug!(candidates = ranked.len(), best = ranked.first().map(|r| r.d_free_kbps), "registry: candidates changed");
+                debug!(
+                    candidates = ranked.len(),
+                    best = ranked.first().map(|r| r.d_free_kbps),
+                    "registry: candidates changed"
+                );
             }
             s.candidates = Arc::new(ranked);
             s.searches += 1;
@@ -257,7 +280,12 @@ fn search_failed(
     metrics.search_failures.inc();
     let kept = state.borrow().candidates.len();
     if failing.is_power_of_two() {
-        warn!(error, failures = *failing, kept, "registry: search failed; keeping the last candidates");
+        warn!(
+            error,
+            failures = *failing,
+            kept,
+            "registry: search failed; keeping the last candidates"
+        );
     }
     state.send_modify(|s| s.search_failures += 1);
 }
@@ -312,7 +340,13 @@ async fn keep_loop(
                 reg.d_free_kbps = d_free_kbps;
                 let res = timeout(
                     rto * 2,
-                    publish(&mut client, &key, &reg, if new_lease { None } else { lease }, policy.ttl),
+                    publish(
+                        &mut client,
+                        &key,
+                        &reg,
+                        if new_lease { None } else { lease },
+                        policy.ttl,
+                    ),
                 )
                 .await
                 .unwrap_or_else(|_| Err(PublishError::Other("timed out".into())));
@@ -340,7 +374,10 @@ async fn keep_loop(
                         Ok(())
                     }
                     Err(PublishError::LeaseGone) => {
-                        warn!(key, lease, "registry: our lease is gone; registering under a new one");
+                        warn!(
+                            key,
+                            lease, "registry: our lease is gone; registering under a new one"
+                        );
                         adv.lease_lost();
                         Err("lease not found".into())
                     }
@@ -354,7 +391,11 @@ async fn keep_loop(
                         adv.on_kept_alive(now, remaining);
                         metrics.keepalives.inc();
                         if remaining.is_zero() {
-                            warn!(key, lease = id, "registry: lease expired at the registry; registering again");
+                            warn!(
+                                key,
+                                lease = id,
+                                "registry: lease expired at the registry; registering again"
+                            );
                             keeper = None;
                         }
                         state.send_modify(|s| s.keepalives += 1);

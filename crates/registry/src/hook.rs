@@ -138,14 +138,20 @@ mod tests {
             d_redi_kbps: 100,
         };
         assert_eq!(
-            p.on_action(&Action::RescuerAdded { peer: PeerId(1), grant }),
+            p.on_action(&Action::RescuerAdded {
+                peer: PeerId(1),
+                grant
+            }),
             Some(DnsChange::RoundRobin(Op::Add, ip))
         );
         let ended = Action::RescuerEnded {
             peer: PeerId(1),
             reason: EndReason::PartialRelease,
         };
-        assert_eq!(p.on_action(&ended), Some(DnsChange::RoundRobin(Op::Remove, ip)));
+        assert_eq!(
+            p.on_action(&ended),
+            Some(DnsChange::RoundRobin(Op::Remove, ip))
+        );
         // Ended twice, or never added: nothing to remove.
         assert_eq!(p.on_action(&ended), None);
         let origin = Sos {

@@ -37,7 +37,7 @@ pub enum Error {
     Registration(String),
     /// The etcd client could not be set up.
     #[error("etcd client: {0}")]
-    Etcd(#[from] etcd_client::Error),
+    Etcd(Box<etcd_client::Error>),
     /// A name is not a DNS name.
     #[error("`{0}` is not a DNS name: {1}")]
     Name(String, String),
@@ -55,4 +55,10 @@ pub enum Error {
     /// The updater's task has stopped.
     #[error("the DNS updater has stopped")]
     Stopped,
+}
+
+impl From<etcd_client::Error> for Error {
+    fn from(e: etcd_client::Error) -> Self {
+        Error::Etcd(Box::new(e))
+    }
 }

@@ -28,15 +28,27 @@ impl RegistryMetrics {
     pub fn register(&self, reg: &mut PromRegistry) {
         let r = reg.sub_registry_with_prefix("rescue_registry");
         r.register("publishes", "Registrations written", self.publishes.clone());
-        r.register("leases_granted", "Leases granted", self.leases_granted.clone());
-        r.register("keepalives", "Lease renewals answered", self.keepalives.clone());
+        r.register(
+            "leases_granted",
+            "Leases granted",
+            self.leases_granted.clone(),
+        );
+        r.register(
+            "keepalives",
+            "Lease renewals answered",
+            self.keepalives.clone(),
+        );
         r.register(
             "renew_failures",
             "Registration or renewal attempts that failed",
             self.renew_failures.clone(),
         );
         r.register("searches", "Searches answered", self.searches.clone());
-        r.register("search_failures", "Searches that failed", self.search_failures.clone());
+        r.register(
+            "search_failures",
+            "Searches that failed",
+            self.search_failures.clone(),
+        );
         r.register(
             "invalid_entries",
             "Invalid registrations skipped",
@@ -61,7 +73,11 @@ impl DnsMetrics {
     pub fn register(&self, reg: &mut PromRegistry) {
         let r = reg.sub_registry_with_prefix("rescue_dns");
         r.register("updates", "DNS updates accepted", self.updates.clone());
-        r.register("failures", "DNS update attempts that failed", self.failures.clone());
+        r.register(
+            "failures",
+            "DNS update attempts that failed",
+            self.failures.clone(),
+        );
         r.register(
             "superseded",
             "DNS updates replaced by a later one before they succeeded",
@@ -85,7 +101,10 @@ mod tests {
         d.failures.inc_by(3);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &reg).unwrap();
-        assert!(text.contains("rescue_registry_search_failures_total 1"), "{text}");
+        assert!(
+            text.contains("rescue_registry_search_failures_total 1"),
+            "{text}"
+        );
         assert!(text.contains("rescue_dns_failures_total 3"), "{text}");
     }
 }

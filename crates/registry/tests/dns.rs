@@ -91,9 +91,17 @@ async fn signed_updates_add_and_remove_round_robin_and_vhost_records() {
     });
     hook.vhost_expired("www-vh7.origin.test");
     wait_until(&mut rx, LIMIT, "the vhost removal", |s| s.applied == 5).await;
-    assert!(a_records(named.addr, "www-vh7.origin.test.").await.is_empty());
+    assert!(a_records(named.addr, "www-vh7.origin.test.")
+        .await
+        .is_empty());
     let s = hook.dns().unwrap().snapshot();
-    assert_eq!((s.failures, s.pending), (0, 0), "{:?} {}", s.last_error, named.log.dump());
+    assert_eq!(
+        (s.failures, s.pending),
+        (0, 0),
+        "{:?} {}",
+        s.last_error,
+        named.log.dump()
+    );
     assert_eq!(metrics.updates.get(), 5);
     assert_eq!(metrics.failures.get(), 0);
 }
@@ -105,7 +113,11 @@ async fn expect_failures(dns: &DnsUpdater, n: u64) -> switchyard_registry::DnsSn
     let s = wait_until(&mut rx, LIMIT, "failed attempts", |s| s.failures >= n).await;
     // 250 + 500 ms of backoff at least between the first and the third attempt.
     if n >= 3 {
-        assert!(t0.elapsed() >= Duration::from_millis(700), "{:?}", t0.elapsed());
+        assert!(
+            t0.elapsed() >= Duration::from_millis(700),
+            "{:?}",
+            t0.elapsed()
+        );
     }
     assert_eq!((s.applied, s.pending), (0, 1));
     s
@@ -124,7 +136,9 @@ async fn a_wrong_key_is_refused_retried_with_backoff_and_counted() {
     assert!(metrics.failures.get() >= 3);
     assert!(s.last_error.is_some());
     let from = 0;
-    named.log.wait_for(from, "request has invalid signature", LIMIT);
+    named
+        .log
+        .wait_for(from, "request has invalid signature", LIMIT);
     assert_eq!(
         a_records(named.addr, "www.origin.test.").await,
         [(ip("10.0.0.1"), 300)]
@@ -193,7 +207,10 @@ async fn every_update_on_the_wire_is_tsig_signed() {
     dns.remove_a("www.origin.test", ip("10.0.0.6")).unwrap();
     // Two attempts (the first update fails, as nothing answers, and is sent again).
     for _ in 0..2 {
-        let (mut s, _) = tokio::time::timeout(LIMIT, listener.accept()).await.unwrap().unwrap();
+        let (mut s, _) = tokio::time::timeout(LIMIT, listener.accept())
+            .await
+            .unwrap()
+            .unwrap();
         let mut len = [0u8; 2];
         s.read_exact(&mut len).await.unwrap();
         let mut buf = vec![0u8; u16::from_be_bytes(len) as usize];

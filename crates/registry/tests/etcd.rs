@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::{wait_until, Etcd};
 use switchyard_registry::{Registry, RegistryMetrics, Site};
-use switchyard_rescue::registry::{to_candidates, Registration, RegistryConfig};
+use switchyard_rescue::registry::{Registration, RegistryConfig};
 use switchyard_rescue::{PeerId, RescueConfig};
 use tokio::time::Instant;
 
@@ -38,7 +38,11 @@ async fn sites_register_and_searches_rank_them_by_free_capacity() {
     let etcd = Etcd::start(3);
     let cfg = reg_cfg(&etcd, 5, 200);
     let mut sites = Vec::new();
-    for (name, b) in [("a.site.test", 1250.0), ("b.site.test", 750.0), ("c.site.test", 2500.0)] {
+    for (name, b) in [
+        ("a.site.test", 1250.0),
+        ("b.site.test", 750.0),
+        ("c.site.test", 2500.0),
+    ] {
         sites.push(
             Registry::start(&cfg, Some(site(&cfg, name, b)), RegistryMetrics::default())
                 .await
@@ -48,8 +52,14 @@ async fn sites_register_and_searches_rank_them_by_free_capacity() {
     let metrics = RegistryMetrics::default();
     let searcher = Registry::start(&cfg, None, metrics.clone()).await.unwrap();
     let mut rx = searcher.subscribe();
-    let s = wait_until(&mut rx, LIMIT, "three registrations", |s| s.candidates.len() == 3).await;
-    assert_eq!(names(&s.candidates), ["c.site.test", "a.site.test", "b.site.test"]);
+    let s = wait_until(&mut rx, LIMIT, "three registrations", |s| {
+        s.candidates.len() == 3
+    })
+    .await;
+    assert_eq!(
+        names(&s.candidates),
+        ["c.site.test", "a.site.test", "b.site.test"]
+    );
     assert_eq!(s.candidates[0].d_free_kbps, 1000.0);
     assert_eq!(s.candidates[0].url, "http://c.site.test:8080/");
     assert_eq!(s.candidates[0].port_dots, 9000);
@@ -58,12 +68,15 @@ async fn sites_register_and_searches_rank_them_by_free_capacity() {
     let a = wait_until(&mut arx, LIMIT, "a's search", |s| s.candidates.len() == 2).await;
     assert_eq!(names(&a.candidates), ["c.site.test", "b.site.test"]);
     // The driver's peer table turns them into the core's candidates.
-    let cands = to_candidates(&s.candidates, |r| match r.name() {
+    let cands = searcher.core_candidates(|r| match r.name() {
         "c.site.test" => Some(PeerId(3)),
         "a.site.test" => Some(PeerId(1)),
         _ => None,
     });
-    assert_eq!(cands.iter().map(|c| c.peer).collect::<Vec<_>>(), [PeerId(3), PeerId(1)]);
+    assert_eq!(
+        cands.iter().map(|c| c.peer).collect::<Vec<_>>(),
+        [PeerId(3), PeerId(1)]
+    );
 
     // c enters SOS: d_free 0 is registered at once and c leaves the candidates; b's small
     // change (less than 10% of its D_resc of 300 kB/s) waits for the periodic registration.
@@ -75,13 +88,19 @@ async fn sites_register_and_searches_rank_them_by_free_capacity() {
     // c rescues again with 600 of 1000 kB/s free.
     sites[2].set_d_free(600.0);
     let s = wait_until(&mut rx, LIMIT, "c back", |s| s.candidates.len() == 3).await;
-    assert_eq!(names(&s.candidates), ["c.site.test", "a.site.test", "b.site.test"]);
+    assert_eq!(
+        names(&s.candidates),
+        ["c.site.test", "a.site.test", "b.site.test"]
+    );
     assert_eq!(s.candidates[0].d_free_kbps, 600.0);
     assert_eq!(metrics.search_failures.get(), 0);
     // A clean shutdown withdraws the registration at once.
     let a = sites.remove(0);
     a.shutdown().await;
-    let s = wait_until(&mut rx, Duration::from_secs(3), "a withdrawn", |s| s.candidates.len() == 2).await;
+    let s = wait_until(&mut rx, Duration::from_secs(3), "a withdrawn", |s| {
+        s.candidates.len() == 2
+    })
+    .await;
     assert_eq!(names(&s.candidates), ["c.site.test", "b.site.test"]);
 }
 
@@ -90,13 +109,21 @@ async fn losing_the_leader_member_causes_no_false_expiry() {
     let mut etcd = Etcd::start(3);
     let ttl = 3;
     let cfg = reg_cfg(&etcd, ttl, 200);
-    let a = Registry::start(&cfg, Some(site(&cfg, "a.site.test", 1250.0)), RegistryMetrics::default())
+    let a = Registry::start(
+        &cfg,
+        Some(site(&cfg, "a.site.test", 1250.0)),
+        RegistryMetrics::default(),
+    )
+    .await
+    .unwrap();
+    let searcher = Registry::start(&cfg, None, RegistryMetrics::default())
         .await
         .unwrap();
-    let searcher = Registry::start(&cfg, None, RegistryMetrics::default()).await.unwrap();
     let mut rx = searcher.subscribe();
     wait_until(&mut rx, LIMIT, "a registered", |s| s.candidates.len() == 1).await;
-    let mut client = etcd_client::Client::connect(etcd.endpoints(), None).await.unwrap();
+    let mut client = etcd_client::Client::connect(etcd.endpoints(), None)
+        .await
+        .unwrap();
     let key = cfg.key("a.site.test");
     let before = client.get(key.as_str(), None).await.unwrap();
     let created = before.kvs()[0].create_revision();
@@ -116,20 +143,37 @@ async fn losing_the_leader_member_causes_no_false_expiry() {
         if s.searches > start_searches {
             seen_after = s.searches - start_searches;
         }
-        assert_eq!(names(&s.candidates), ["a.site.test"], "false expiry after {:?}", killed.elapsed());
+        assert_eq!(
+            names(&s.candidates),
+            ["a.site.test"],
+            "false expiry after {:?}",
+            killed.elapsed()
+        );
         if Instant::now() >= end {
             break;
         }
-        tokio::time::timeout(LIMIT, rx.changed()).await.unwrap().unwrap();
+        tokio::time::timeout(LIMIT, rx.changed())
+            .await
+            .unwrap()
+            .unwrap();
     }
-    assert!(seen_after >= 5, "searches answered after the kill: {seen_after}");
+    assert!(
+        seen_after >= 5,
+        "searches answered after the kill: {seen_after}"
+    );
     // A new leader among the two left.
     let new_leader = etcd.leader(others[0]).await.expect("a new leader");
     assert_ne!(new_leader, leader);
     // The registration was never deleted: same key creation, same lease, still alive.
-    let mut client = etcd_client::Client::connect(others.iter().map(|i| etcd.members[*i].client_url.clone()).collect::<Vec<_>>(), None)
-        .await
-        .unwrap();
+    let mut client = etcd_client::Client::connect(
+        others
+            .iter()
+            .map(|i| etcd.members[*i].client_url.clone())
+            .collect::<Vec<_>>(),
+        None,
+    )
+    .await
+    .unwrap();
     let after = client.get(key.as_str(), None).await.unwrap();
     assert_eq!(after.kvs()[0].create_revision(), created);
     assert_eq!(after.kvs()[0].lease(), lease);
@@ -144,15 +188,28 @@ async fn a_crashed_site_disappears_within_ttl_and_one_search_interval() {
     let ttl = Duration::from_secs(3);
     let interval = Duration::from_millis(250);
     let cfg = reg_cfg(&etcd, ttl.as_secs(), interval.as_millis() as u64);
-    let a = Registry::start(&cfg, Some(site(&cfg, "a.site.test", 1250.0)), RegistryMetrics::default())
+    let a = Registry::start(
+        &cfg,
+        Some(site(&cfg, "a.site.test", 1250.0)),
+        RegistryMetrics::default(),
+    )
+    .await
+    .unwrap();
+    let b = Registry::start(
+        &cfg,
+        Some(site(&cfg, "b.site.test", 1250.0)),
+        RegistryMetrics::default(),
+    )
+    .await
+    .unwrap();
+    let searcher = Registry::start(&cfg, None, RegistryMetrics::default())
         .await
         .unwrap();
-    let b = Registry::start(&cfg, Some(site(&cfg, "b.site.test", 1250.0)), RegistryMetrics::default())
-        .await
-        .unwrap();
-    let searcher = Registry::start(&cfg, None, RegistryMetrics::default()).await.unwrap();
     let mut rx = searcher.subscribe();
-    wait_until(&mut rx, LIMIT, "both registered", |s| s.candidates.len() == 2).await;
+    wait_until(&mut rx, LIMIT, "both registered", |s| {
+        s.candidates.len() == 2
+    })
+    .await;
     // Let a renew at least once, then crash it: its tasks stop, its lease is not revoked.
     let mut arx = a.subscribe();
     wait_until(&mut arx, LIMIT, "a renewal", |s| s.keepalives >= 1).await;
@@ -176,9 +233,13 @@ async fn a_crashed_site_disappears_within_ttl_and_one_search_interval() {
 async fn with_etcd_unreachable_the_last_candidates_are_kept_and_it_recovers() {
     let mut etcd = Etcd::start(3);
     let cfg = reg_cfg(&etcd, 3, 200);
-    let a = Registry::start(&cfg, Some(site(&cfg, "a.site.test", 1250.0)), RegistryMetrics::default())
-        .await
-        .unwrap();
+    let a = Registry::start(
+        &cfg,
+        Some(site(&cfg, "a.site.test", 1250.0)),
+        RegistryMetrics::default(),
+    )
+    .await
+    .unwrap();
     let metrics = RegistryMetrics::default();
     let searcher = Registry::start(&cfg, None, metrics.clone()).await.unwrap();
     let mut rx = searcher.subscribe();
@@ -186,12 +247,18 @@ async fn with_etcd_unreachable_the_last_candidates_are_kept_and_it_recovers() {
     for i in 0..3 {
         etcd.kill(i);
     }
-    let s = wait_until(&mut rx, LIMIT, "failed searches", |s| s.search_failures >= 3).await;
+    let s = wait_until(&mut rx, LIMIT, "failed searches", |s| {
+        s.search_failures >= 3
+    })
+    .await;
     assert_eq!(names(&s.candidates), ["a.site.test"]);
     assert_eq!(names(&searcher.candidates()), ["a.site.test"]);
     assert!(metrics.search_failures.get() >= 3);
     let mut arx = a.subscribe();
-    wait_until(&mut arx, LIMIT, "failed renewals", |s| s.renew_failures >= 2).await;
+    wait_until(&mut arx, LIMIT, "failed renewals", |s| {
+        s.renew_failures >= 2
+    })
+    .await;
     // Back: searches are answered again and a is registered (under a new lease if its old
     // one ran out meanwhile).
     let kept = arx.borrow().keepalives;

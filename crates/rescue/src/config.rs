@@ -479,11 +479,17 @@ impl RescueConfig {
         }
         if let Some(d) = &self.dns {
             d.validate()?;
-            for name in [self.server_name.clone(), self.vhost_name(self.first_vhost_seq)] {
+            for name in [
+                self.server_name.clone(),
+                self.vhost_name(self.first_vhost_seq),
+            ] {
                 if !d.in_zone(&name) {
                     return err(
                         "dns.zone",
-                        format!("`{name}` is not in zone `{}`, so it cannot be updated", d.zone),
+                        format!(
+                            "`{name}` is not in zone `{}`, so it cannot be updated",
+                            d.zone
+                        ),
                     );
                 }
             }

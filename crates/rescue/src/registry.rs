@@ -324,7 +324,12 @@ impl Advertiser {
     /// A publication sent at `sent_at` with `d_free_kbps` succeeded. With `lease_ttl`, it was
     /// made under a new lease granted with that TTL (whose grant request was sent at
     /// `sent_at` too).
-    pub fn on_published(&mut self, sent_at: Duration, d_free_kbps: f64, lease_ttl: Option<Duration>) {
+    pub fn on_published(
+        &mut self,
+        sent_at: Duration,
+        d_free_kbps: f64,
+        lease_ttl: Option<Duration>,
+    ) {
         self.published = Some(d_free_kbps);
         self.last_publish = sent_at;
         if let Some(ttl) = lease_ttl {
@@ -461,7 +466,10 @@ impl RegistryConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let err = |key: &'static str, msg: String| Err(ConfigError { key, msg });
         if self.endpoints.is_empty() {
-            return err("registry.endpoints", "must name at least one etcd member".into());
+            return err(
+                "registry.endpoints",
+                "must name at least one etcd member".into(),
+            );
         }
         for e in &self.endpoints {
             if endpoint_host_port(e).is_none() {
@@ -491,7 +499,10 @@ impl RegistryConfig {
         {
             return err(
                 "registry.prefix",
-                format!("`{}` must start and end with `/` and hold only printable ASCII", self.prefix),
+                format!(
+                    "`{}` must start and end with `/` and hold only printable ASCII",
+                    self.prefix
+                ),
             );
         }
         if self.max_candidates == 0 {
@@ -775,13 +786,21 @@ mod tests {
         let c: RescueConfig = toml::from_str(&text).unwrap();
         c.validate().unwrap();
         let r = c.registry.as_ref().unwrap();
-        assert_eq!((r.ttl_secs, r.search_interval_ms, r.port_dots), (10, 1000, 9000));
+        assert_eq!(
+            (r.ttl_secs, r.search_interval_ms, r.port_dots),
+            (10, 1000, 9000)
+        );
         assert_eq!(r.key("www.origin.com"), "/switchyard/rescue/www.origin.com");
         let d = c.dns.as_ref().unwrap();
-        assert_eq!((d.tsig_algorithm.as_str(), d.ttl_secs, d.vhost_ttl_secs), ("hmac-sha256", 30, 300));
+        assert_eq!(
+            (d.tsig_algorithm.as_str(), d.ttl_secs, d.vhost_ttl_secs),
+            ("hmac-sha256", 30, 300)
+        );
         assert_eq!(d.tsig_key().unwrap(), b"secret-key-of-32-bytes-long.....");
         assert!(!format!("{d:?}").contains(KEY));
-        assert!(d.in_zone("www-vh1.origin.com") && d.in_zone("ORIGIN.com") && !d.in_zone("xorigin.com"));
+        assert!(
+            d.in_zone("www-vh1.origin.com") && d.in_zone("ORIGIN.com") && !d.in_zone("xorigin.com")
+        );
         // Serialized back, the same.
         let back: RescueConfig = toml::from_str(&toml::to_string(&c).unwrap()).unwrap();
         assert_eq!(back, c);
@@ -816,9 +835,14 @@ mod tests {
             assert_eq!(e.key, key, "{extra}: {e}");
         }
         // Unknown keys and unparsable values fail at parse time, naming the key.
-        let e = toml::from_str::<RescueConfig>(&site_toml("[registry]\nendpoints = [\"http://a:1\"]\nttl = 3\n")).unwrap_err();
+        let e = toml::from_str::<RescueConfig>(&site_toml(
+            "[registry]\nendpoints = [\"http://a:1\"]\nttl = 3\n",
+        ))
+        .unwrap_err();
         assert!(e.to_string().contains("ttl"), "{e}");
-        let e = toml::from_str::<RescueConfig>(&site_toml(&dns("").replace("127.0.0.1:53", "nowhere"))).unwrap_err();
+        let e =
+            toml::from_str::<RescueConfig>(&site_toml(&dns("").replace("127.0.0.1:53", "nowhere")))
+                .unwrap_err();
         assert!(e.to_string().contains("server"), "{e}");
     }
 
@@ -849,9 +873,14 @@ mod tests {
             b"",
         ];
         for b in bad {
-            assert!(Registration::decode(b).is_err(), "{}", String::from_utf8_lossy(b));
+            assert!(
+                Registration::decode(b).is_err(),
+                "{}",
+                String::from_utf8_lossy(b)
+            );
         }
-        let ok = br#"{"url":"http://a.b:81/","ip":"::1","port_dots":1,"d_free_kbps":0,"domain":"b"}"#;
+        let ok =
+            br#"{"url":"http://a.b:81/","ip":"::1","port_dots":1,"d_free_kbps":0,"domain":"b"}"#;
         assert_eq!(Registration::decode(ok).unwrap().name(), "a.b");
     }
 
@@ -878,7 +907,11 @@ mod tests {
         a.set_d_free(0.0);
         assert!(matches!(
             a.poll(S(4)),
-            Step::Publish { d_free_kbps: 0.0, new_lease: false, reason: PublishReason::Changed }
+            Step::Publish {
+                d_free_kbps: 0.0,
+                new_lease: false,
+                reason: PublishReason::Changed
+            }
         ));
         a.on_published(S(4), 0.0, None);
         assert_eq!(a.published(S(4)), Some(0.0));
@@ -886,7 +919,13 @@ mod tests {
         a.set_d_free(500.0);
         a.on_failure(S(5), S(1));
         assert_eq!(a.poll(S(5)), Step::Idle);
-        assert!(matches!(a.poll(S(6)), Step::Publish { new_lease: false, .. }));
+        assert!(matches!(
+            a.poll(S(6)),
+            Step::Publish {
+                new_lease: false,
+                ..
+            }
+        ));
         // Without renewals the lease is presumed gone at its expiry, 3 + 9; the registry is
         // asked before a new lease is taken.
         assert!(a.lease_alive(S(11)));
@@ -895,13 +934,25 @@ mod tests {
         assert_eq!(a.poll(S(12)), Step::KeepAlive);
         // It is still there (a new leader renewed it): carry on under it.
         a.on_kept_alive(S(12), S(9));
-        assert!(matches!(a.poll(S(12)), Step::Publish { new_lease: false, .. }));
+        assert!(matches!(
+            a.poll(S(12)),
+            Step::Publish {
+                new_lease: false,
+                ..
+            }
+        ));
         a.on_published(S(12), 500.0, None);
         assert_eq!(a.poll(S(12)), Step::Idle);
         // A renewal answered with TTL 0: the registry dropped the lease.
         a.on_kept_alive(S(15), Duration::ZERO);
         assert_eq!(a.published(S(15)), None);
-        assert!(matches!(a.poll(S(15)), Step::Publish { new_lease: true, .. }));
+        assert!(matches!(
+            a.poll(S(15)),
+            Step::Publish {
+                new_lease: true,
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -918,7 +969,9 @@ mod tests {
         let names: Vec<_> = r.iter().map(|r| r.name()).collect();
         assert_eq!(names, ["a.x", "b.x", "c.x"]);
         assert_eq!(r[0].d_free_kbps, 300.0);
-        let c = to_candidates(&r, |r| (r.name() != "b.x").then_some(PeerId(r.name().len() as u32)));
+        let c = to_candidates(&r, |r| {
+            (r.name() != "b.x").then_some(PeerId(r.name().len() as u32))
+        });
         assert_eq!(c.len(), 2);
         assert_eq!(c[0].peer, PeerId(3));
         assert_eq!(c[1].d_free_kbps, 100.0);
@@ -926,9 +979,11 @@ mod tests {
     }
 
     fn arb_reg() -> impl Strategy<Value = Registration> {
-        ("[a-d]\\.x", prop_oneof![Just(0.0), 0.0..1000.0f64, Just(-1.0), Just(f64::NAN)]).prop_map(
-            |(n, d)| reg(&n, d),
+        (
+            "[a-d]\\.x",
+            prop_oneof![Just(0.0), 0.0..1000.0f64, Just(-1.0), Just(f64::NAN)],
         )
+            .prop_map(|(n, d)| reg(&n, d))
     }
 
     proptest! {

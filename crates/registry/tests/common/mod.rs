@@ -21,7 +21,11 @@ use tempfile::TempDir;
 
 /// The path of `cmd`, or a panic that says how to install it.
 pub fn require(cmd: &str, package: &str) -> PathBuf {
-    for dir in std::env::var("PATH").unwrap_or_default().split(':').chain(["/usr/sbin", "/sbin"]) {
+    for dir in std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .chain(["/usr/sbin", "/sbin"])
+    {
         let p = Path::new(dir).join(cmd);
         if p.is_file() {
             return p;
@@ -79,7 +83,10 @@ impl Log {
             }
             let now = Instant::now();
             if now >= end {
-                panic!("no log line with `{pat}` within {limit:?}:\n{}", g.join("\n"));
+                panic!(
+                    "no log line with `{pat}` within {limit:?}:\n{}",
+                    g.join("\n")
+                );
             }
             g = cv.wait_timeout(g, end - now).unwrap().0;
         }
@@ -175,8 +182,7 @@ impl Etcd {
             e.spawn(i);
         }
         for m in &e.members {
-            m.log
-                .wait_for(0, READY, Duration::from_secs(30));
+            m.log.wait_for(0, READY, Duration::from_secs(30));
         }
         e
     }
@@ -304,14 +310,23 @@ zone "refuse.test" {{ type primary; file "{d}/refuse.test.db"; allow-update {{ n
         std::fs::write(&conf_path, conf).unwrap();
         let log = Log::default();
         let mut cmd = Command::new(bin);
-        cmd.arg("-g").arg("-4").arg("-n").arg("1").arg("-c").arg(&conf_path);
+        cmd.arg("-g")
+            .arg("-4")
+            .arg("-n")
+            .arg("1")
+            .arg("-c")
+            .arg(&conf_path);
         let child = spawn(&mut cmd, &log);
         log.wait_for(0, "running", Duration::from_secs(30));
         // named logs `running` before its TCP listener takes connections: probe it.
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let end = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err() {
-            assert!(Instant::now() < end, "named takes no TCP connections:\n{}", log.dump());
+            assert!(
+                Instant::now() < end,
+                "named takes no TCP connections:\n{}",
+                log.dump()
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
         Named {
