@@ -224,6 +224,12 @@ impl Worker {
             match res {
                 Ok(()) => {
                     queue.pop_front();
+                    if queue.is_empty() {
+                        // Updates come in bursts minutes apart; the server closes idle TCP
+                        // connections sooner (30 s by default in BIND), so each burst opens
+                        // its own.
+                        client = None;
+                    }
                     self.backoff.succeeded();
                     self.metrics.updates.inc();
                     info!(op = ?u.op, name = %u.name, ip = %u.ip, ttl = u.ttl, "dns: update accepted");
