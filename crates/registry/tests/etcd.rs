@@ -1,7 +1,8 @@
 //! The registry against a real three-member etcd cluster on loopback: registration, ranking
 //! and immediate re-registration; the loss of a member that is the leader causes no false
-//! expiry; a crashed site leaves within TTL plus one search interval; with etcd gone the
-//! handle keeps its candidates and recovers when etcd is back.
+//! expiry; a crashed site (its lease keeper stopped, or its process killed) leaves within TTL
+//! plus one search interval; with etcd gone the handle keeps its candidates and recovers when
+//! etcd is back.
 
 mod common;
 
@@ -270,4 +271,69 @@ async fn with_etcd_unreachable_the_last_candidates_are_kept_and_it_recovers() {
     .await;
     assert_eq!(names(&s.candidates), ["a.site.test"]);
     wait_until(&mut arx, LIMIT, "a renewing again", |s| s.keepalives > kept).await;
+}
+
+/// The environment variable that makes [`site_process`] run: the etcd endpoints.
+const CHILD_ENV: &str = "SWITCHYARD_TEST_SITE_PROCESS_ETCD";
+
+/// A site in a process of its own, started by
+/// `a_killed_site_process_disappears_within_ttl_and_one_search_interval`: registers, says so
+/// on stderr and waits to be killed.
+#[test]
+#[ignore = "a helper process, started (with its etcd endpoints) by a_killed_site_process_disappears_within_ttl_and_one_search_interval"]
+fn site_process() {
+    let endpoints = std::env::var(CHILD_ENV).expect("started by the killed-process test");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut cfg = RegistryConfig::new(endpoints.split(',').map(String::from).collect());
+        cfg.ttl_secs = 3;
+        cfg.request_timeout_ms = 500;
+        let site = site(&cfg, "p.site.test", 1250.0);
+        let r = Registry::start(&cfg, Some(site), RegistryMetrics::default())
+            .await
+            .unwrap();
+        let mut rx = r.subscribe();
+        wait_until(&mut rx, LIMIT, "registered and renewed", |s| {
+            s.keepalives >= 1
+        })
+        .await;
+        eprintln!("SITE-REGISTERED");
+        std::future::pending::<()>().await;
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_site_process_disappears_within_ttl_and_one_search_interval() {
+    let etcd = Etcd::start(3);
+    let ttl = Duration::from_secs(3);
+    let interval = Duration::from_millis(250);
+    let cfg = reg_cfg(&etcd, ttl.as_secs(), interval.as_millis() as u64);
+    let searcher = Registry::start(&cfg, None, RegistryMetrics::default())
+        .await
+        .unwrap();
+    let mut rx = searcher.subscribe();
+    let log = common::Log::default();
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["site_process", "--exact", "--ignored", "--nocapture"])
+        .env(CHILD_ENV, etcd.endpoints().join(","));
+    let mut child = common::spawn(&mut cmd, &log);
+    log.wait_for(0, "SITE-REGISTERED", LIMIT);
+    wait_until(&mut rx, LIMIT, "the site process listed", |s| {
+        s.candidates.len() == 1
+    })
+    .await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let killed = Instant::now();
+    wait_until(&mut rx, LIMIT, "the site process gone", |s| {
+        s.candidates.is_empty()
+    })
+    .await;
+    let took = killed.elapsed();
+    // As for a crashed lease keeper: TTL + one search interval, plus etcd's 500 ms expiry
+    // check and one request time.
+    let bound = switchyard_rescue::registry::disappearance_bound(ttl, interval)
+        + Duration::from_millis(500 + 500);
+    assert!(took <= bound, "gone after {took:?}, bound {bound:?}");
+    assert!(took >= ttl - ttl / 3 - interval, "gone after only {took:?}");
 }

@@ -103,7 +103,8 @@ impl Log {
     }
 }
 
-fn spawn(cmd: &mut Command, log: &Log) -> Child {
+/// Spawns `cmd` with its stderr followed in `log`; it dies with the test process.
+pub fn spawn(cmd: &mut Command, log: &Log) -> Child {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
