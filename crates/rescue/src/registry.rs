@@ -579,7 +579,8 @@ pub struct DnsConfig {
     /// receiving DNS-routed clients for up to 30 s (it redirects them back as an expired
     /// origin's, so nothing is lost), and a new one starts receiving them within 30 s, which is
     /// the time scale of the release decision (N_low = 30 intervals of 1 s). Shorter would
-    /// multiply the queries the site's DNS answers during the crowd.
+    /// multiply the queries the site's DNS answers during the crowd. An RRset has one TTL
+    /// (RFC 2136 §3.4.2.2): the first addition also gives the site's own A record this TTL.
     #[serde(default = "d_rr_ttl")]
     pub ttl_secs: u32,
     /// TTL of virtual host names' A records, seconds.
