@@ -14,6 +14,15 @@
 //! [rescue.proxy]                   # the reverse caching proxy of a rescue server
 //! # cache_bytes = 67108864   origin_bytes = 33554432   max_object_bytes = 1048576
 //! # fresh_ms = 10000   fetch_timeout_ms = 10000
+//!
+//! [rescue.registry]                # optional: see `registry::RegistryConfig`
+//! endpoints = ["http://10.0.0.11:2379"]
+//!
+//! [rescue.dns]                     # optional: see `registry::DnsConfig`
+//! server = "10.0.0.2:53"
+//! zone = "origin.com"
+//! tsig_key_name = "switchyard-update"
+//! tsig_secret = "…base64…"
 //! ```
 
 use std::net::IpAddr;
@@ -23,6 +32,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ConfigError;
 use crate::proto::{valid_name, MAX_RATE_KBPS};
+use crate::registry::{DnsConfig, RegistryConfig};
 
 /// Bytes of TCP/IP and Ethernet headers and trailers a redirect costs beyond its own bytes:
 /// (40 + 32×4) + 20×5 + (14 + 4)×5 (seed 001 §4.3).
@@ -134,6 +144,12 @@ pub struct RescueConfig {
     /// `[rescue.proxy]`: the reverse caching proxy a rescue server serves its origins with.
     #[serde(default)]
     pub proxy: ProxyConfig,
+    /// `[rescue.registry]`: the service registry (none: no registration, no searches).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry: Option<RegistryConfig>,
+    /// `[rescue.dns]`: dynamic DNS updates of the site's zone (none: no DNS round robin).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns: Option<DnsConfig>,
 }
 
 /// `[rescue.proxy]`: the rescue server's reverse caching proxy (§4.1). Objects are kept in
@@ -295,6 +311,8 @@ impl RescueConfig {
             server_aliases: Vec::new(),
             expired_redirect_secs: d_expired_redirect(),
             proxy: ProxyConfig::default(),
+            registry: None,
+            dns: None,
         }
     }
 
@@ -454,6 +472,26 @@ impl RescueConfig {
         for a in &self.server_aliases {
             if !valid_name(a) {
                 return err("server_aliases", format!("`{a}` is not a host name"));
+            }
+        }
+        if let Some(r) = &self.registry {
+            r.validate()?;
+        }
+        if let Some(d) = &self.dns {
+            d.validate()?;
+            for name in [
+                self.server_name.clone(),
+                self.vhost_name(self.first_vhost_seq),
+            ] {
+                if !d.in_zone(&name) {
+                    return err(
+                        "dns.zone",
+                        format!(
+                            "`{name}` is not in zone `{}`, so it cannot be updated",
+                            d.zone
+                        ),
+                    );
+                }
             }
         }
         self.proxy.validate()

@@ -24,6 +24,8 @@
 //! * [`VhostTable`] ([`vhosts`]) — a rescue server's dynamic virtual hosts: which requests are
 //!   its own, which it proxies for an origin, which it redirects back to an ended origin, and
 //!   which are misdirected.
+//! * [`registry`] — service discovery (§4.5): what a site registers, when it renews its
+//!   soft-state registration, and how search results become candidates sorted by free capacity.
 //! * [`mesh`] — several cores joined by sessions in memory: the tests' and the simulator's
 //!   network, and a complete example of a driver.
 //!
@@ -109,6 +111,7 @@ pub mod mesh;
 pub mod meter;
 pub mod proto;
 pub mod redirect;
+pub mod registry;
 pub mod session;
 pub mod vhosts;
 
