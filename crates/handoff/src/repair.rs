@@ -245,6 +245,11 @@ pub fn unacked(fd: BorrowedFd<'_>) -> io::Result<u32> {
     ioctl_int(fd.as_raw_fd(), SIOCOUTQ)
 }
 
+/// Bytes queued on `fd` and not yet sent (`SIOCOUTQNSD`).
+pub fn unsent(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    ioctl_int(fd.as_raw_fd(), SIOCOUTQNSD)
+}
+
 /// Waits (polling every 200 µs) until everything sent on `fd` is
 /// acknowledged, as multiple handoff requires before a node hands a
 /// connection on (seed 003 §7.2). Returns false on timeout.

@@ -43,10 +43,13 @@ pub(crate) enum Fallback {
     HandBack,
     /// The client had sent more than a `Create` carries (pipelined requests beyond 1 MiB).
     TooMuchRead,
+    /// A response relayed earlier on the connection was not all sent yet (see
+    /// `handoff::all_sent`).
+    StillSending,
 }
 
 impl Fallback {
-    pub(crate) const ALL: [Fallback; 10] = [
+    pub(crate) const ALL: [Fallback; 11] = [
         Fallback::ControlDown,
         Fallback::NoSteering,
         Fallback::NotSteerable,
@@ -57,6 +60,7 @@ impl Fallback {
         Fallback::Abandoned,
         Fallback::HandBack,
         Fallback::TooMuchRead,
+        Fallback::StillSending,
     ];
 
     pub(crate) fn label(self) -> &'static str {
@@ -71,6 +75,7 @@ impl Fallback {
             Fallback::Abandoned => "abandoned",
             Fallback::HandBack => "hand_back",
             Fallback::TooMuchRead => "too_much_read",
+            Fallback::StillSending => "still_sending",
         }
     }
 }

@@ -181,6 +181,22 @@ async fn send_offer(
     switchyard_handoff::link::offer(link, id, offer, sent, create, fd, cfg).await
 }
 
+/// Whether everything the switch wrote on `stream` has left it; a connection still sending
+/// a response the switch relayed is relayed again rather than moved. A dump reads the send
+/// queue and the unsent count at one moment, but the kernel goes on sending queued bytes
+/// (pacing, small-queue completions) until the socket is closed: bytes counted as unsent would
+/// then reach the client from here, the client's acknowledgements would run ahead of the
+/// restored socket's next sequence number and be ignored there, and the connection would stall.
+/// With nothing unsent, a dump is exact. (Only a request that follows a relayed one, a request
+/// with a body, on the same connection can find bytes unsent.)
+fn all_sent(stream: &TcpStream) -> Result<(), Fallback> {
+    match repair::unsent(stream.as_fd()) {
+        Ok(0) => Ok(()),
+        Ok(_) => Err(Fallback::StillSending),
+        Err(_) => Err(Fallback::Dump),
+    }
+}
+
 async fn try_hand_off(shared: &Arc<Shared>, offer: Offer<'_>) -> Result<(), Fallback> {
     let Offer {
         gen,
@@ -219,6 +235,7 @@ async fn try_hand_off(shared: &Arc<Shared>, offer: Offer<'_>) -> Result<(), Fall
         }
         let flow = Flow::new(peer, local).map_err(|_| Fallback::NotSteerable)?;
         let target = ctl.target().ok_or(Fallback::NotSteerable)?;
+        all_sent(stream)?;
         // The entry first: from the dump on, the client's packets must reach the node.
         if !h.steer(&flow, &target, id) {
             return Err(Fallback::NoSteering);
