@@ -86,6 +86,8 @@ pub(crate) struct Receiver {
     ctx: Arc<Ctx>,
     slots: Arc<Semaphore>,
     stop: watch::Receiver<bool>,
+    /// Never signalled: the stop signal of clones (see `run`).
+    never: watch::Sender<bool>,
     reporter: Option<Arc<Reporter>>,
     name: String,
     workers: Arc<RwLock<Vec<WorkerSlot>>>,
@@ -136,6 +138,7 @@ impl Receiver {
             ctx,
             slots,
             stop,
+            never: watch::channel(false).0,
             reporter,
             name,
             workers: workers.0.clone(),
@@ -667,10 +670,16 @@ impl Receiver {
         let mut dispatch = Dispatch::new(id, route, ctl.clone(), self.ctx.metrics.clone())
             .replicating(self.ctx.replication.clone(), self.ctx.store.clone());
         let mut total = ConnStats::default();
+        // A clone (one request, then the connection goes back to its entry node) is not this
+        // node's to close when it drains: it is answered as its client asked, and handed back.
+        let stop = if route == Routing::Once {
+            self.never.subscribe()
+        } else {
+            self.stop.clone()
+        };
         loop {
             let out =
-                conn::serve_routed(&self.ctx, stream, self.stop.clone(), preread, &mut dispatch)
-                    .await;
+                conn::serve_routed(&self.ctx, stream, stop.clone(), preread, &mut dispatch).await;
             match out {
                 Outcome::Closed(stats) => {
                     total += stats;
