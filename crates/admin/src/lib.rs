@@ -40,6 +40,10 @@ pub enum AdminError {
 /// A body produced on demand for an extra route.
 pub type RouteFn = Arc<dyn Fn() -> Page + Send + Sync>;
 
+/// A body produced on demand for an extra route that reads the query (the part of the target
+/// after `?`, if any).
+pub type QueryRouteFn = Arc<dyn Fn(Option<&str>) -> Page + Send + Sync>;
+
 /// A response body and its content type.
 #[derive(Clone, Debug)]
 pub struct Page {
@@ -53,6 +57,7 @@ pub struct Admin {
     // A std mutex: the registry is only locked to encode a scrape.
     registry: Arc<std::sync::Mutex<Registry>>,
     routes: HashMap<String, RouteFn>,
+    query_routes: HashMap<String, QueryRouteFn>,
     streams: HashMap<String, dashboard::feed::Feed>,
 }
 
@@ -62,6 +67,7 @@ impl Admin {
         Admin {
             registry: Arc::new(std::sync::Mutex::new(registry)),
             routes: HashMap::new(),
+            query_routes: HashMap::new(),
             streams: HashMap::new(),
         }
     }
@@ -69,6 +75,13 @@ impl Admin {
     /// Add a route answering GET `path` with whatever `f` renders.
     pub fn route(mut self, path: &str, f: RouteFn) -> Self {
         self.routes.insert(path.to_owned(), f);
+        self
+    }
+
+    /// Add a route answering GET `path` with whatever `f` renders for the request's query
+    /// (`/dotslash-status?auto`).
+    pub fn route_query(mut self, path: &str, f: QueryRouteFn) -> Self {
+        self.query_routes.insert(path.to_owned(), f);
         self
     }
 
@@ -189,10 +202,13 @@ impl Admin {
                         body: b"ok\n".to_vec(),
                     },
                 ),
-                (Method::Get | Method::Head, p) => match self.routes.get(p) {
-                    Some(f) => (200, f()),
-                    None => (404, text_page("not found\n")),
-                },
+                (Method::Get | Method::Head, p) => {
+                    match (self.routes.get(p), self.query_routes.get(p)) {
+                        (Some(f), _) => (200, f()),
+                        (None, Some(f)) => (200, f(head.target.split_once('?').map(|(_, q)| q))),
+                        (None, None) => (404, text_page("not found\n")),
+                    }
+                }
                 _ => (405, text_page("method not allowed\n")),
             };
             out.clear();

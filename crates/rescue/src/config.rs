@@ -134,6 +134,96 @@ pub struct RescueConfig {
     /// `[rescue.proxy]`: the reverse caching proxy a rescue server serves its origins with.
     #[serde(default)]
     pub proxy: ProxyConfig,
+    /// `[rescue.peering]`: where the rescue protocol listens, this server's TLS identity and the
+    /// peers it talks to. Without it the server runs no control loop (a rescue proxy whose
+    /// origins are added by hand).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peering: Option<PeeringConfig>,
+}
+
+/// `[rescue.peering]`: the rescue protocol's listener and mutual TLS (beyond the paper, whose
+/// peers trust any TCP connection). Peers prove who they are with certificates issued by `ca`;
+/// a certificate must name (DNS subject alternative name) one of `peers`, whatever its issuer,
+/// or the connection is refused.
+///
+/// ```toml
+/// [rescue.peering]
+/// listen = "0.0.0.0:7070"
+/// cert = "/etc/switchyard/rescue.crt"   # this server's certificate chain, PEM
+/// key = "/etc/switchyard/rescue.key"    # its private key, PEM
+/// ca = "/etc/switchyard/peers-ca.crt"   # the issuers peers' certificates must chain to, PEM
+///
+/// [[rescue.peering.peers]]
+/// name = "www.rescue.com"      # the name its certificate carries
+/// addr = "192.0.2.7:7070"      # its rescue protocol listener
+/// d_free_kbps = 2000           # a rescue candidate with this free capacity (static registry)
+/// # domain = "example.net"     # its administrative domain, for diversity (§4.5)
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeeringConfig {
+    /// The rescue protocol's listener.
+    pub listen: std::net::SocketAddr,
+    /// This server's certificate chain (PEM), leaf first.
+    pub cert: std::path::PathBuf,
+    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: std::path::PathBuf,
+    /// The certificate authorities peers' certificates must chain to (PEM).
+    pub ca: std::path::PathBuf,
+    /// The servers this one exchanges rescue messages with; every other is refused.
+    #[serde(default)]
+    pub peers: Vec<PeerConfig>,
+}
+
+/// One `[[rescue.peering.peers]]` entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerConfig {
+    /// The name its certificate carries (a DNS subject alternative name).
+    pub name: String,
+    /// Its rescue protocol listener.
+    pub addr: std::net::SocketAddr,
+    /// Its free rescue capacity d_free, kB/s, when it is a rescue candidate; unset: it is a
+    /// peer (an origin it may rescue) but never asked for rescue. Stands in for the registry's
+    /// advertisement until one is configured.
+    #[serde(default)]
+    pub d_free_kbps: Option<f64>,
+    /// Its administrative domain (§4.5: rescue servers in diverse domains are preferred).
+    #[serde(default)]
+    pub domain: Option<String>,
+}
+
+impl PeeringConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let err = |key: &'static str, msg: String| Err(ConfigError { key, msg });
+        let mut names = std::collections::BTreeSet::new();
+        for p in &self.peers {
+            if !valid_name(&p.name) {
+                return err(
+                    "peering.peers.name",
+                    format!("`{}` is not a host name", p.name),
+                );
+            }
+            if !names.insert(p.name.to_ascii_lowercase()) {
+                return err("peering.peers.name", format!("`{}` listed twice", p.name));
+            }
+            if p.addr.port() == 0 {
+                return err("peering.peers.addr", format!("`{}`: port 0", p.name));
+            }
+            if let Some(d) = p.d_free_kbps {
+                if !(d.is_finite() && d > 0.0 && d <= MAX_RATE_KBPS as f64) {
+                    return err(
+                        "peering.peers.d_free_kbps",
+                        format!("`{}`: must be a positive number of kB/s", p.name),
+                    );
+                }
+            }
+        }
+        if self.peers.len() > u32::MAX as usize {
+            return err("peering.peers", "too many peers".into());
+        }
+        Ok(())
+    }
 }
 
 /// `[rescue.proxy]`: the rescue server's reverse caching proxy (§4.1). Objects are kept in
@@ -295,6 +385,7 @@ impl RescueConfig {
             server_aliases: Vec::new(),
             expired_redirect_secs: d_expired_redirect(),
             proxy: ProxyConfig::default(),
+            peering: None,
         }
     }
 
@@ -456,7 +547,11 @@ impl RescueConfig {
                 return err("server_aliases", format!("`{a}` is not a host name"));
             }
         }
-        self.proxy.validate()
+        self.proxy.validate()?;
+        if let Some(p) = &self.peering {
+            p.validate()?;
+        }
+        Ok(())
     }
 }
 
@@ -617,6 +712,35 @@ mod tests {
             let e = c.validate().expect_err(key);
             assert_eq!(e.key, key, "{e}");
         }
+        let mut c = base();
+        c.peering = Some(PeeringConfig {
+            listen: "127.0.0.1:7070".parse().unwrap(),
+            cert: "c".into(),
+            key: "k".into(),
+            ca: "ca".into(),
+            peers: vec![
+                PeerConfig {
+                    name: "a.example".into(),
+                    addr: "127.0.0.1:7071".parse().unwrap(),
+                    d_free_kbps: Some(100.0),
+                    domain: None,
+                },
+                PeerConfig {
+                    name: "A.example".into(),
+                    addr: "127.0.0.1:7072".parse().unwrap(),
+                    d_free_kbps: None,
+                    domain: None,
+                },
+            ],
+        });
+        assert_eq!(c.validate().unwrap_err().key, "peering.peers.name");
+        let p = c.peering.as_mut().unwrap();
+        p.peers[1].name = "b.example".into();
+        p.peers[1].d_free_kbps = Some(-1.0);
+        assert_eq!(c.validate().unwrap_err().key, "peering.peers.d_free_kbps");
+        c.peering.as_mut().unwrap().peers[1].d_free_kbps = None;
+        c.validate().unwrap();
+
         let mut c = base();
         c.t_low = 0.2;
         c.t_alert = 0.4;
