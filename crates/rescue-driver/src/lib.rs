@@ -25,6 +25,7 @@
 //! sessions and the connection table share one mutex (every call under it is short and never
 //! waits on I/O); the request path has its own.
 
+pub mod metrics;
 #[cfg(feature = "test-certs")]
 pub mod testcerts;
 pub mod tls;

@@ -504,6 +504,20 @@ impl RescueHandle {
     }
 }
 
+impl switchyard_rescue_driver::VirtualHosts for RescueHandle {
+    fn origin_added(&self, peer: PeerId, origin: &Sos, alias: &str) -> Result<(), String> {
+        self.add_origin(peer, origin, alias)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    fn origin_ended(&self, alias: &str) -> Result<(), String> {
+        self.end_origin(alias)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+}
+
 /// Export the proxy's counters on the admin listener.
 pub(crate) fn register(
     registry: &mut prometheus_client::registry::Registry,
