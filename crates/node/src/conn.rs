@@ -1146,7 +1146,6 @@ mod tests {
                 replication: None,
                 rescue: None,
                 traffic: None,
-                traffic: None,
                 dynamic: None,
             });
             let (_tx, rx) = tokio::sync::watch::channel(false);
