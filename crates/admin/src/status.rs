@@ -29,6 +29,9 @@ pub struct SwitchStatus {
     pub mechanism: Mechanism,
     /// One-way delivery.
     pub handoff: HandoffStatus,
+    /// The site's flash-crowd rescue, with `[rescue.peering]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rescue: Option<RescueStatus>,
 }
 
 /// The policy's counters since start.
@@ -134,6 +137,7 @@ mod tests {
                 fallbacks: [("timeout".to_owned(), 4)].into_iter().collect(),
                 ..HandoffStatus::default()
             },
+            rescue: None,
         };
         let text = serde_json::to_string(&s).unwrap();
         for field in [

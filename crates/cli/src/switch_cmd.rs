@@ -22,6 +22,8 @@ fn config(args: &SwitchArgs, file: &FileConfig) -> SwitchConfig {
             pattern: p.clone(),
         }));
     }
+    // The switch is the site's face in flash-crowd rescue (its `[rescue.peering]`).
+    cfg.rescue = file.rescue.clone();
     cfg
 }
 

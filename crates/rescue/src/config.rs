@@ -100,6 +100,11 @@ pub struct RescueConfig {
     /// rescue capacity (as in the paper's experiments).
     #[serde(default)]
     pub max_grant_kbps: Option<f64>,
+    /// Whether this server rescues others. Default true; false for a site that can only ask
+    /// for rescue (a switch, which has no rescue proxy): it refuses every SOS and advertises no
+    /// free capacity.
+    #[serde(default = "d_gives_rescue")]
+    pub gives_rescue: bool,
     /// Most origins rescued at once. Default 8.
     #[serde(default = "d_max_origins")]
     pub max_origins: usize,
@@ -333,6 +338,9 @@ fn d_points() -> u32 {
 fn d_min_grant() -> f64 {
     10.0
 }
+fn d_gives_rescue() -> bool {
+    true
+}
 fn d_max_origins() -> usize {
     8
 }
@@ -377,6 +385,7 @@ impl RescueConfig {
             sos_want_kbps: None,
             min_grant_kbps: d_min_grant(),
             max_grant_kbps: None,
+            gives_rescue: d_gives_rescue(),
             max_origins: d_max_origins(),
             retry_refused_intervals: d_retry(),
             request_timeout_ms: d_timeout(),

@@ -245,8 +245,8 @@ pub struct SwitchConfig {
     pub splice_min_bytes: u64,
     /// Add the client's address to `X-Forwarded-For` on forwarded requests.
     pub forwarded_for: bool,
-    /// `relay` (two-way) or `handoff` (one-way: the node answers the client directly;
-    /// `--mechanism`).
+    /// `relay` (two-way), `handoff` (one-way: the node answers the client directly) or
+    /// `redirect` (a 302 to the chosen node; `--mechanism`).
     pub mechanism: Mechanism,
     /// Persistent connections under handoff: `auto`, `single`, `multiple-handoff` or
     /// `backend-forwarding` (`--persistent`).
@@ -265,6 +265,12 @@ pub struct SwitchConfig {
     /// Live dashboard viewers (`/events` on the admin listener) served at once; more are
     /// refused with 503. 0 = no live viewers.
     pub dashboard_viewers: usize,
+    /// The site's flash-crowd rescue (seed 001): set from the top-level `[rescue]` table, not
+    /// from `[switch]`. With `[rescue.peering]` the switch runs the rescue control loop for the
+    /// whole cluster and redirects part of a crowd to rescue servers. Read at start; a reload
+    /// keeps the one in force.
+    #[serde(skip)]
+    pub rescue: Option<switchyard_rescue::RescueConfig>,
 }
 
 impl Default for SwitchConfig {
@@ -306,6 +312,7 @@ impl Default for SwitchConfig {
             handoff_timeout_ms: 1_000,
             handoff_linger_ms: 1_000,
             dashboard_viewers: 64,
+            rescue: None,
         }
     }
 }
