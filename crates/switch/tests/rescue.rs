@@ -276,3 +276,61 @@ fn the_redirect_mechanism_sends_clients_to_the_node() {
     assert_eq!(sw.sw().policy_stats().decisions, 2);
     assert_eq!(sw.sw().status().mechanism, Mechanism::Redirect);
 }
+
+#[test]
+fn in_one_way_mode_the_site_is_metered_from_the_nodes_load_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("peers");
+    let report: SocketAddr = {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        s.local_addr().unwrap()
+    };
+    let sock = dir.path().join("node.sock");
+    let s = sock.clone();
+    let backend = TestNode::start(fill, move |c| {
+        c.handoff_unix = Some(s);
+        c.report_to = Some(report);
+    });
+    let site_cfg = rescue_table(
+        "site.test",
+        free_port(),
+        free_port(),
+        &ca,
+        dir.path(),
+        PeerConfig {
+            name: "rescue.test".into(),
+            addr: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            d_free_kbps: None,
+            domain: None,
+        },
+    );
+    let sw = TestSwitch::start(&[backend.addr], |c| {
+        c.nodes = vec![switchyard_switch::NodeEntry {
+            control: Some(switchyard_switch::config::ControlAddr::Unix(sock)),
+            ..switchyard_switch::NodeEntry::new(backend.addr)
+        }];
+        c.mechanism = Mechanism::Handoff;
+        c.report_listen = Some(report);
+        c.rescue = Some(site_cfg);
+    });
+    assert!(sw
+        .rt
+        .block_on(sw.sw().wait_for_controls(Duration::from_secs(5))));
+    let site = sw.sw().rescue_driver().unwrap();
+    let fd_before = sw.sw().handoff_metrics().handoffs_fd.get();
+    for i in 0..20 {
+        let mut c = sw.client();
+        let r = c.get(&format!("/f{}.html", i % FILES));
+        assert_eq!((r.status, r.body.len()), (200, FILE_BYTES));
+    }
+    assert!(sw.sw().handoff_metrics().handoffs_fd.get() > fd_before);
+    // The responses left from the node, not through the switch: the site's meter has them
+    // from the node's reports (the first report is the baseline).
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    wait_status(&rt, &site, "bytes from load reports", |s| {
+        s.totals.bytes_served >= 10 * FILE_BYTES as u64
+    });
+}
