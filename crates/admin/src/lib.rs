@@ -284,4 +284,29 @@ mod tests {
         tx.send(true).unwrap();
         task.await.unwrap();
     }
+
+    #[tokio::test]
+    async fn query_routes_see_the_query() {
+        let admin = Admin::new(Registry::default()).route_query(
+            "/dotslash-status",
+            Arc::new(|q| Page {
+                content_type: "text/plain",
+                body: format!("query={q:?}").into_bytes(),
+            }),
+        );
+        let listener = Admin::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = watch::channel(false);
+        let task = tokio::spawn(admin.serve(listener, rx));
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /dotslash-status?auto HTTP/1.1\r\nHost: a\r\n\r\nGET /dotslash-status HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut all = String::new();
+        s.read_to_string(&mut all).await.unwrap();
+        assert!(all.contains("query=Some(\"auto\")"), "{all}");
+        assert!(all.contains("query=None"), "{all}");
+        tx.send(true).unwrap();
+        task.await.unwrap();
+    }
 }

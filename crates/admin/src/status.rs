@@ -108,6 +108,70 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_auto_counters_read_back() {
+        let s = RescueStatus {
+            server_name: "www.origin.test".into(),
+            state: "sos".into(),
+            ticks: 9,
+            d_out_max: 100_000.0,
+            d_out: 80_000.0,
+            d_self: 80_000.0,
+            d_resc: 0.0,
+            r_redi: 12.5,
+            t_redi: 0.69,
+            a_redi: 468.0,
+            d_free: 0.0,
+            pending_sos: None,
+            rescuers: vec![RescuerEntry {
+                peer: "www.rescue.test".into(),
+                alias: "www-vh1.rescue.test".into(),
+                web: "192.0.2.7:8080".into(),
+                d_redi_kbps: 90,
+                d_redi: 40_000.0,
+                redirects: 7,
+            }],
+            origins: vec![],
+            totals: RescueTotals {
+                bytes_served: 123_456,
+                requests_served: 100,
+                requests_redirected: 7,
+                requests_rescued: 0,
+                ..RescueTotals::default()
+            },
+            peers: vec![],
+        };
+        let auto = s.auto();
+        assert_eq!(
+            RescueStatus::auto_value(&auto, "TotalBytesServed"),
+            Some(123_456.0)
+        );
+        assert_eq!(
+            RescueStatus::auto_value(&auto, "RequestsServed"),
+            Some(100.0)
+        );
+        assert_eq!(
+            RescueStatus::auto_value(&auto, "RequestsRedirected"),
+            Some(7.0)
+        );
+        assert_eq!(
+            RescueStatus::auto_value(&auto, "RequestsRescued"),
+            Some(0.0)
+        );
+        assert_eq!(RescueStatus::auto_value(&auto, "RRedi"), Some(12.5));
+        assert_eq!(RescueStatus::auto_value(&auto, "Rescuers"), Some(1.0));
+        assert_eq!(RescueStatus::auto_value(&auto, "Nope"), None);
+        assert!(auto.contains("State: sos\n"), "{auto}");
+        let page = s.page();
+        assert!(
+            page.contains("rescued by www.rescue.test as www-vh1.rescue.test"),
+            "{page}"
+        );
+        assert!(page.contains("d_out 80.0 kB/s (80%)"), "{page}");
+        let json = serde_json::to_string(&s).unwrap();
+        assert_eq!(serde_json::from_str::<RescueStatus>(&json).unwrap(), s);
+    }
+
+    #[test]
     fn round_trips_through_json_with_the_page_s_field_names() {
         let s = SwitchStatus {
             generation: 2,
