@@ -154,6 +154,19 @@ async fn serve_origin(
                     )
                 }
             }
+            "/max0" => {
+                let h = "ETag: \"m0\"\r\nCache-Control: max-age=0\r\n".to_string();
+                if seen.if_none_match.as_deref() == Some("\"m0\"") {
+                    (304, h, Vec::new())
+                } else {
+                    (200, h, b"max-age 0".to_vec())
+                }
+            }
+            "/smax" => (
+                200,
+                "ETag: \"s1\"\r\nCache-Control: max-age=0, s-maxage=3600\r\n".into(),
+                b"shared for an hour".to_vec(),
+            ),
             "/big" => (200, String::new(), vec![b'b'; BIG]),
             "/private" => (200, "Cache-Control: private\r\n".into(), b"mine".to_vec()),
             "/hang" => {
@@ -355,6 +368,35 @@ fn a_stale_object_is_revalidated_and_a_304_keeps_it() {
         "the entry was kept, not fetched again"
     );
     assert!(node.metric("switchyard_node_rescue_proxy_not_modified_total") >= 1.0);
+}
+
+/// The origin's own freshness lifetime wins over `fresh_ms`: `max-age=0` is revalidated on
+/// every request, and `s-maxage` (for shared caches) wins over `max-age`.
+#[test]
+fn the_origin_s_max_age_and_s_maxage_decide_freshness() {
+    let origin = Origin::start();
+    let (node, rescue) = rescue_node(|r| r.proxy.fresh_ms = 60_000);
+    rescue.add_origin(PeerId(1), &origin.sos(), ALIAS).unwrap();
+    let mut c = node.client();
+    for _ in 0..3 {
+        let r = get(&mut c, ALIAS, "/max0");
+        assert_eq!((r.status, r.text()), (200, "max-age 0".to_string()));
+        let r = get(&mut c, ALIAS, "/smax");
+        assert_eq!(
+            (r.status, r.text()),
+            (200, "shared for an hour".to_string())
+        );
+    }
+    assert_eq!(origin.count("/max0"), 3, "max-age=0: asked every time");
+    assert_eq!(origin.count("/smax"), 1, "s-maxage=3600 outranks max-age=0");
+    let seen = origin.seen();
+    let max0: Vec<_> = seen.iter().filter(|s| s.target == "/max0").collect();
+    assert_eq!(max0[0].if_none_match, None);
+    for s in &max0[1..] {
+        assert_eq!(s.if_none_match.as_deref(), Some("\"m0\""));
+        assert_eq!(s.status, 304);
+    }
+    assert_eq!(rescue.stats().not_modified, 2);
 }
 
 #[test]

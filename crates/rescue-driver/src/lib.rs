@@ -544,12 +544,10 @@ impl Shared {
                     if matches!(request, switchyard_rescue::Request::Rate { .. }) {
                         self.counters.rate_messages.fetch_add(1, Relaxed);
                     }
-                    if !ctl.conns.contains_key(&peer) {
-                        if !self.dial(ctl, peer) {
-                            let more = ctl.core.on_peer_lost(now, peer);
-                            self.apply(ctl, now, more);
-                            continue;
-                        }
+                    if !ctl.conns.contains_key(&peer) && !self.dial(ctl, peer) {
+                        let more = ctl.core.on_peer_lost(now, peer);
+                        self.apply(ctl, now, more);
+                        continue;
                     }
                     let c = ctl.conns.get_mut(&peer).expect("dialed above");
                     tracing::debug!(peer = self.peer_name(peer), ?request, "rescue request");

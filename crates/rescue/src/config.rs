@@ -245,7 +245,8 @@ pub struct ProxyConfig {
     /// Largest object cached; larger responses are relayed uncached. Default 1 MiB (the node's
     /// own `cache_max_object_bytes`).
     pub max_object_bytes: u64,
-    /// How long a cached object is used without asking the origin, milliseconds; afterwards it
+    /// How long a cached object is used without asking the origin, milliseconds, when the
+    /// origin gives it no freshness lifetime of its own (`s-maxage` or `max-age`); afterwards it
     /// is revalidated with its validators (`If-None-Match`, `If-Modified-Since`), and a 304
     /// keeps it another interval. Default 10000: the origin answers at most one small 304 per
     /// hot object every 10 s (about A_redi bytes each, far below T_low of any D_out), while its

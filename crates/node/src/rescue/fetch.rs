@@ -59,6 +59,18 @@ pub(crate) struct Kept {
     pub(crate) content_length: Option<u64>,
 }
 
+impl Object {
+    /// How long it may be served without asking the origin: the origin's `s-maxage` or
+    /// `max-age` (RFC 9111 §4.2.1), else `default` (`fresh_ms`). The age it had when fetched
+    /// is taken as zero: it comes straight from the origin.
+    pub(crate) fn fresh_for(&self, default: std::time::Duration) -> std::time::Duration {
+        self.cache_control
+            .as_deref()
+            .and_then(switchyard_http::cache_control::shared_max_age)
+            .map_or(default, std::time::Duration::from_secs)
+    }
+}
+
 /// How `Cache-Control` lets a shared cache use a response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Sharing {

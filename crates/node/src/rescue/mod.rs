@@ -11,7 +11,8 @@
 //!   always;
 //! * a live origin's alias or name: proxied. Only `GET` and `HEAD` (others: 405, nothing
 //!   fetched); the target must be a clean origin-form path (else 400). A stored object younger
-//!   than `fresh_ms` is served at once; an older one is revalidated with its validators
+//!   than its freshness lifetime (the origin's `s-maxage` or `max-age`, else `fresh_ms`) is
+//!   served at once; an older one is revalidated with its validators
 //!   (a 304 keeps it another interval); a missing one is fetched. However many clients ask for
 //!   one target at once, exactly one fetch is in flight: the first request starts it as a task
 //!   of its own (it outlives the client that started it) and every request waits on a
@@ -283,7 +284,7 @@ impl RescueProxy {
                 let now = self.now();
                 let stored = self.store.lock().get(origin.id, path, now);
                 if let Some(e) = &stored {
-                    if now.saturating_sub(e.checked) < self.cfg.proxy.fresh() {
+                    if now.saturating_sub(e.checked) < e.object.fresh_for(self.cfg.proxy.fresh()) {
                         self.counters.hits.fetch_add(1, Relaxed);
                         return Answer::Object(e.object.clone());
                     }
