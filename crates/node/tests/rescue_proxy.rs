@@ -162,6 +162,28 @@ async fn serve_origin(
                     (200, h, b"max-age 0".to_vec())
                 }
             }
+            "/once" | "/once-mr" => {
+                // Answers once; later fetches find the origin gone (the connection closes).
+                let asked = log
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|s| s.target == seen.target)
+                    .count();
+                if asked > 1 {
+                    return;
+                }
+                let cc = if seen.target == "/once-mr" {
+                    "Cache-Control: must-revalidate\r\n"
+                } else {
+                    ""
+                };
+                (
+                    200,
+                    format!("ETag: \"o1\"\r\n{cc}"),
+                    b"first answer".to_vec(),
+                )
+            }
             "/smax" => (
                 200,
                 "ETag: \"s1\"\r\nCache-Control: max-age=0, s-maxage=3600\r\n".into(),
@@ -397,6 +419,39 @@ fn the_origin_s_max_age_and_s_maxage_decide_freshness() {
         assert_eq!(s.status, 304);
     }
     assert_eq!(rescue.stats().not_modified, 2);
+}
+
+/// A stale object whose revalidation fails is served stale (RFC 9111 §4.2.4), unless the
+/// origin said `must-revalidate`.
+#[test]
+fn a_failed_revalidation_serves_the_stale_object_unless_it_must_revalidate() {
+    let origin = Origin::start();
+    let (node, rescue) = rescue_node(|r| r.proxy.fresh_ms = 100);
+    rescue.add_origin(PeerId(1), &origin.sos(), ALIAS).unwrap();
+    let mut c = node.client();
+    let r = get(&mut c, ALIAS, "/once");
+    assert_eq!((r.status, r.text()), (200, "first answer".to_string()));
+    assert!(eventually(Duration::from_secs(10), || {
+        let r = get(&mut c, ALIAS, "/once");
+        assert_eq!((r.status, r.text()), (200, "first answer".to_string()));
+        origin.count("/once") >= 2
+    }));
+    let s = rescue.stats();
+    assert!(s.stale_served >= 1 && s.fetch_errors >= 1, "{s:?}");
+
+    let r = get(&mut c, ALIAS, "/once-mr");
+    assert_eq!((r.status, r.text()), (200, "first answer".to_string()));
+    assert!(eventually(Duration::from_secs(10), || {
+        let r = get(&mut c, ALIAS, "/once-mr");
+        if origin.count("/once-mr") >= 2 {
+            assert_eq!(r.status, 502, "must-revalidate: no stale answer");
+            true
+        } else {
+            assert_eq!(r.status, 200);
+            false
+        }
+    }));
+    assert_eq!(rescue.stats().stale_served, s.stale_served);
 }
 
 #[test]

@@ -60,6 +60,21 @@ pub(crate) struct Kept {
 }
 
 impl Object {
+    /// Whether it may be served stale when the origin cannot be reached (RFC 9111 §4.2.4):
+    /// not when the origin said `must-revalidate`, `proxy-revalidate` or `no-cache`.
+    pub(crate) fn may_serve_stale(&self) -> bool {
+        self.cache_control.as_deref().is_none_or(|c| {
+            !switchyard_http::cache_control::directives(c)
+                .iter()
+                .any(|(n, _)| {
+                    matches!(
+                        n.as_str(),
+                        "must-revalidate" | "proxy-revalidate" | "no-cache"
+                    )
+                })
+        })
+    }
+
     /// How long it may be served without asking the origin: the origin's `s-maxage` or
     /// `max-age` (RFC 9111 §4.2.1), else `default` (`fresh_ms`). The age it had when fetched
     /// is taken as zero: it comes straight from the origin.
