@@ -334,13 +334,29 @@ async fn a_lost_connection_ends_the_relationship_on_both_sides() {
         *rec.0.lock(),
         ["added origin.test rescue-vh1.test", "ended rescue-vh1.test"]
     );
+}
 
-    // A process that goes away entirely does the same.
-    drop(rescue);
-    let s = wait_for(&origin, WAIT, |s| !s.peers[0].connected)
+#[tokio::test]
+async fn an_origin_that_goes_away_ends_the_rescue() {
+    let (origin, rescue, rec) = pair().await;
+    let load = crowd(&origin, 90_000);
+    wait_for(&rescue, WAIT, |s| s.state == "rescue")
         .await
         .unwrap();
-    assert!(s.rescuers.is_empty());
+    // The origin's process ends without a word: the rescue server sees the connection close
+    // and ends the relationship (its virtual host is redirected back from then on).
+    load.abort();
+    drop(origin);
+    let rs = wait_for(&rescue, WAIT, |s| s.state == "normal")
+        .await
+        .unwrap_or_else(|s| panic!("still rescuing: {s:?}"));
+    assert!(rs.origins.is_empty());
+    assert_eq!(rs.totals.connections_lost, 1);
+    assert!(!rs.peers[0].connected);
+    assert_eq!(
+        *rec.0.lock(),
+        ["added origin.test rescue-vh1.test", "ended rescue-vh1.test"]
+    );
 }
 
 #[tokio::test]
