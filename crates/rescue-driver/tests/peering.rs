@@ -81,22 +81,21 @@ async fn start(
 }
 
 /// An origin (D_out 100 kB/s, peer 0 = the rescue server) and a rescue server (D_out
-/// 1000 kB/s, peer 0 = the origin), both from one authority.
+/// 2000 kB/s granting at most 500 kB/s, peer 0 = the origin), both from one authority. The
+/// rescue server's overload limits (T_high × D_out = 1500 kB/s) stay far above what the tests
+/// make it serve, so only RATE reacts to it.
 async fn pair() -> (Driver, Driver, Arc<Recorded>) {
     let ca = TestCa::new("peers");
     let (oa, ra) = (free_addr(), free_addr());
     let rec = Arc::new(Recorded::default());
-    let rescue = start(
-        cfg(
-            "rescue.test",
-            1000.0,
-            ra,
-            vec![peer("origin.test", oa, None)],
-        ),
-        ca.identity("rescue.test"),
-        Some(rec.clone()),
-    )
-    .await;
+    let mut rescue_cfg = cfg(
+        "rescue.test",
+        2000.0,
+        ra,
+        vec![peer("origin.test", oa, None)],
+    );
+    rescue_cfg.max_grant_kbps = Some(500.0);
+    let rescue = start(rescue_cfg, ca.identity("rescue.test"), Some(rec.clone())).await;
     let origin = start(
         cfg(
             "origin.test",
