@@ -44,6 +44,10 @@ pub enum AdminError {
 /// A body produced on demand for an extra route.
 pub type RouteFn = Arc<dyn Fn() -> Page + Send + Sync>;
 
+/// A body produced on demand for an extra route that reads the query (the part of the target
+/// after `?`, if any).
+pub type QueryRouteFn = Arc<dyn Fn(Option<&str>) -> Page + Send + Sync>;
+
 /// A response body and its content type.
 #[derive(Clone, Debug)]
 pub struct Page {
@@ -57,6 +61,7 @@ pub struct Admin {
     // A std mutex: the registry is only locked to encode a scrape.
     registry: Arc<std::sync::Mutex<Registry>>,
     routes: HashMap<String, RouteFn>,
+    query_routes: HashMap<String, QueryRouteFn>,
     streams: HashMap<String, dashboard::feed::Feed>,
     actions: Option<actions::Actions>,
 }
@@ -67,6 +72,7 @@ impl Admin {
         Admin {
             registry: Arc::new(std::sync::Mutex::new(registry)),
             routes: HashMap::new(),
+            query_routes: HashMap::new(),
             streams: HashMap::new(),
             actions: None,
         }
@@ -75,6 +81,13 @@ impl Admin {
     /// Add a route answering GET `path` with whatever `f` renders.
     pub fn route(mut self, path: &str, f: RouteFn) -> Self {
         self.routes.insert(path.to_owned(), f);
+        self
+    }
+
+    /// Add a route answering GET `path` with whatever `f` renders for the request's query
+    /// (`/dotslash-status?auto`).
+    pub fn route_query(mut self, path: &str, f: QueryRouteFn) -> Self {
+        self.query_routes.insert(path.to_owned(), f);
         self
     }
 
@@ -224,10 +237,13 @@ impl Admin {
                         body: b"ok\n".to_vec(),
                     },
                 ),
-                (Method::Get | Method::Head, p) => match self.routes.get(p) {
-                    Some(f) => (200, f()),
-                    None => (404, text_page("not found\n")),
-                },
+                (Method::Get | Method::Head, p) => {
+                    match (self.routes.get(p), self.query_routes.get(p)) {
+                        (Some(f), _) => (200, f()),
+                        (None, Some(f)) => (200, f(head.target.split_once('?').map(|(_, q)| q))),
+                        (None, None) => (404, text_page("not found\n")),
+                    }
+                }
                 _ => (405, text_page("method not allowed\n")),
             };
             out.clear();
@@ -307,6 +323,31 @@ mod tests {
         s.read_to_string(&mut all).await.unwrap();
         assert!(all.starts_with("HTTP/1.1 405"), "{all}");
 
+        tx.send(true).unwrap();
+        task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn query_routes_see_the_query() {
+        let admin = Admin::new(Registry::default()).route_query(
+            "/dotslash-status",
+            Arc::new(|q| Page {
+                content_type: "text/plain",
+                body: format!("query={q:?}").into_bytes(),
+            }),
+        );
+        let listener = Admin::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = watch::channel(false);
+        let task = tokio::spawn(admin.serve(listener, rx));
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /dotslash-status?auto HTTP/1.1\r\nHost: a\r\n\r\nGET /dotslash-status HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut all = String::new();
+        s.read_to_string(&mut all).await.unwrap();
+        assert!(all.contains("query=Some(\"auto\")"), "{all}");
+        assert!(all.contains("query=None"), "{all}");
         tx.send(true).unwrap();
         task.await.unwrap();
     }

@@ -156,6 +156,11 @@ mod tests {
             r.proxy,
             switchyard_node::config::RescueProxyConfig::default()
         );
+        let peering = r.peering.expect("the [rescue.peering] table");
+        assert_eq!(peering.listen, "0.0.0.0:7070".parse().unwrap());
+        assert_eq!(peering.peers.len(), 2);
+        assert_eq!(peering.peers[0].d_free_kbps, None);
+        assert_eq!(peering.peers[1].d_free_kbps, Some(5000.0));
         assert!(FileConfig::parse("[rescue]\nserver_name = \"a.b\"\n").is_err());
     }
 

@@ -320,6 +320,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             match args.mechanism {
                 Mechanism::Handoff => "one-way: connections handed to the nodes",
                 Mechanism::Relay => "relaying",
+                Mechanism::Redirect => "redirecting clients to the nodes",
             },
             nodes.len(),
             serving(&args, &site, &dir)

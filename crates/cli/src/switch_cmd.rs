@@ -19,6 +19,8 @@ fn config(args: &SwitchArgs, file: &FileConfig) -> SwitchConfig {
     if let (Some(d), PolicyKind::Cap) = (&file.dynamic, cfg.policy.name) {
         cfg.policy.classes.extend(d.cap_classes());
     }
+    // The switch is the site's face in flash-crowd rescue (its `[rescue.peering]`).
+    cfg.rescue = file.rescue.clone();
     cfg
 }
 

@@ -14,6 +14,8 @@
 //! * [`range`] and [`conditional`]: single byte ranges and validators
 //!   (ETag, Last-Modified) for 206/304/416 decisions.
 //! * [`response`]: writing response heads.
+//! * [`cache_control`]: a response's `Cache-Control` directives and the freshness lifetime
+//!   they give a shared cache (the rescue server's proxy).
 //! * [`upstream`]: reading the response heads of a node as an intermediary
 //!   (the switch relaying, a node forwarding for another) with the same
 //!   strictness, and rewriting heads in both directions.
@@ -21,6 +23,7 @@
 //! Nothing here performs I/O or reads a clock: callers pass bytes in and
 //! the wall-clock time for `Date` headers in.
 
+pub mod cache_control;
 pub mod chunked;
 pub mod conditional;
 pub mod path;

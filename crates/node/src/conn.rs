@@ -78,6 +78,8 @@ pub(crate) struct Ctx {
     pub(crate) replication: Option<Arc<crate::replica::Replication>>,
     /// The rescue server's virtual hosts and proxy, on a node with a `[rescue]` table.
     pub(crate) rescue: Option<Arc<crate::rescue::RescueProxy>>,
+    /// The rescue driver's request path (meter and redirector), with `[rescue.peering]`.
+    pub(crate) traffic: Option<Arc<switchyard_rescue_driver::Traffic>>,
     /// The application server for dynamic paths, if `[dynamic]` is configured.
     pub(crate) dynamic: Option<Dynamic>,
 }
@@ -179,6 +181,9 @@ impl SendSource {
 /// A response body.
 enum Body {
     Empty,
+    /// A redirect to a rescue server, already in the output and already counted by the
+    /// rescue meter (as a redirect, not as served bytes).
+    Redirected,
     /// Small: copied behind the head.
     Bytes(Bytes),
     /// Sent with sendfile(2).
@@ -621,8 +626,11 @@ impl<R: Router> Conn<'_, R> {
         // A response head is a few hundred bytes; reserve once rather than
         // growing an empty buffer piece by piece.
         self.out.reserve(1024);
-        match self.respond(&head, keep).await {
-            Body::Empty => {}
+        let before = self.produced();
+        let body = self.respond(&head, keep).await;
+        let metered = matches!(body, Body::Redirected);
+        match body {
+            Body::Empty | Body::Redirected => {}
             Body::Bytes(b) => self.out.extend_from_slice(&b),
             Body::File { src, offset, len } => {
                 let Some(file) = src.file() else {
@@ -641,6 +649,10 @@ impl<R: Router> Conn<'_, R> {
                     return Some(End::Broken);
                 }
             }
+        }
+        if let Some(t) = self.ctx.traffic.as_ref().filter(|_| !metered) {
+            // The site's own response, head and body (seed 001 §4.3: outbound HTTP only).
+            t.served(self.produced() - before);
         }
         self.pending.push(started);
         if !keep {
@@ -729,6 +741,45 @@ impl<R: Router> Conn<'_, R> {
         }
     }
 
+    /// During a rescue (seed 001 §4.4.4): redirect a request for the site's own file of `size`
+    /// bytes to a rescue server, or refuse it at the redirect bound; `None` serves it here.
+    /// The redirect is counted with its real size (A_redi).
+    fn rescue_redirect(
+        &mut self,
+        t: &switchyard_rescue_driver::Traffic,
+        head: &RequestHead,
+        keep: bool,
+        size: u64,
+    ) -> Option<Body> {
+        if !head.target.starts_with('/') {
+            return None;
+        }
+        let client = self.stream.peer_addr().ok()?.ip();
+        let http10 = head.version == Version::Http10;
+        match t.route(client, &head.target, size) {
+            switchyard_rescue_driver::Verdict::Serve => None,
+            switchyard_rescue_driver::Verdict::Refuse => {
+                self.error_response(503, keep, head.method, http10);
+                Some(Body::Empty)
+            }
+            switchyard_rescue_driver::Verdict::Redirect { peer, location } => {
+                let mark = self.out.len();
+                with_date(|date| {
+                    ResponseHead::new(&mut self.out, 302)
+                        .header("Date", date)
+                        .header("Server", "switchyard")
+                        .header("Location", &location)
+                        .content_length(0)
+                        .connection(keep, http10)
+                        .finish()
+                });
+                self.count_status(302);
+                t.redirected(peer, (self.out.len() - mark) as u64, size);
+                Some(Body::Redirected)
+            }
+        }
+    }
+
     /// Write the response head for `head` into `out` and return its body.
     async fn respond(&mut self, head: &RequestHead, keep: bool) -> Body {
         let clean = match path::normalize(&head.target) {
@@ -743,6 +794,16 @@ impl<R: Router> Conn<'_, R> {
             Some(object) => Resolved::Memory { object, hit: true },
             None => self.ctx.store.resolve(&clean).await,
         };
+        let size = match &resolved {
+            Resolved::Memory { object, .. } => Some(object.info.len),
+            Resolved::File(_, info) => Some(info.len),
+            _ => None,
+        };
+        if let (Some(size), Some(t)) = (size, self.ctx.traffic.clone()) {
+            if let Some(body) = self.rescue_redirect(&t, head, keep, size) {
+                return body;
+            }
+        }
         match resolved {
             Resolved::Memory { object, hit } => {
                 let src = match &object.content {
@@ -1090,6 +1151,7 @@ mod tests {
             waiting: Default::default(),
             replication: None,
             rescue: None,
+            traffic: None,
             dynamic: None,
         })
     }
@@ -1161,6 +1223,7 @@ mod tests {
                 waiting: Default::default(),
                 replication: None,
                 rescue: None,
+                traffic: None,
                 dynamic: None,
             });
             let (_tx, rx) = tokio::sync::watch::channel(false);

@@ -109,12 +109,18 @@ pub struct RunningNode {
     handoff: handoff::Listeners,
     cluster: Option<Arc<coop::Membership>>,
     rescue: Option<Arc<rescue::RescueProxy>>,
+    driver: Option<Arc<switchyard_rescue_driver::Driver>>,
 }
 
 impl RunningNode {
     /// On a rescue server (`[rescue]`): the handle that adds and ends the origins it serves.
     pub fn rescue(&self) -> Option<RescueHandle> {
         self.rescue.clone().map(RescueHandle)
+    }
+
+    /// With `[rescue.peering]`: the rescue driver (its status, its peering address).
+    pub fn rescue_driver(&self) -> Option<Arc<switchyard_rescue_driver::Driver>> {
+        self.driver.clone()
     }
 
     /// The address the web server listens on.
@@ -286,6 +292,33 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
         }
         None => None,
     };
+    // The rescue control loop, with `[rescue.peering]`: it peers with other sites, redirects
+    // this site's requests during a crowd and adds origins to the proxy above.
+    let driver = match cfg
+        .rescue
+        .as_ref()
+        .and_then(|r| r.peering.as_ref().map(|p| (r, p)))
+    {
+        Some((r, p)) => {
+            let identity = switchyard_rescue_driver::TlsIdentity::from_files(p)
+                .map_err(|e| NodeError::Config(e.to_string()))?;
+            let vhosts = rescue.clone().map(|p| {
+                Arc::new(RescueHandle(p)) as Arc<dyn switchyard_rescue_driver::VirtualHosts>
+            });
+            let d =
+                switchyard_rescue_driver::Driver::start(switchyard_rescue_driver::DriverParts {
+                    config: r.clone(),
+                    identity,
+                    vhosts,
+                    candidates: None,
+                    directory: None,
+                })
+                .await
+                .map_err(|e| NodeError::Config(e.to_string()))?;
+            Some(Arc::new(d))
+        }
+        None => None,
+    };
     let ctx = Arc::new(Ctx {
         limits: limits(&cfg),
         store: store.clone(),
@@ -296,6 +329,7 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
         waiting: WaitingClients::new(),
         replication,
         rescue: rescue.clone(),
+        traffic: driver.as_ref().map(|d| d.traffic()),
         dynamic: cfg.dynamic.as_ref().map(conn::Dynamic::new).transpose()?,
     });
     let bind_err = |source| NodeError::Bind {
@@ -316,7 +350,33 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
             if let Some(r) = &rescue {
                 rescue::register(&mut registry, r.clone());
             }
+            if let Some(d) = &driver {
+                switchyard_rescue_driver::metrics::register(&mut registry, d.status_source());
+            }
             let mut admin = Admin::new(registry);
+            if let Some(d) = &driver {
+                let src = d.status_source();
+                admin = admin.route_query(
+                    &r_status_path(&cfg),
+                    Arc::new(move |q| {
+                        let (content_type, body) = switchyard_rescue_driver::status_page(&src, q);
+                        switchyard_admin::Page { content_type, body }
+                    }),
+                );
+                if cluster.is_none() {
+                    let src = d.status_source();
+                    admin = admin.route(
+                        "/status.json",
+                        Arc::new(move || switchyard_admin::Page {
+                            content_type: "application/json",
+                            body: serde_json::to_vec(
+                                &serde_json::json!({ "rescue": src.status() }),
+                            )
+                            .unwrap_or_default(),
+                        }),
+                    );
+                }
+            }
             if let Some(c) = cluster.clone() {
                 // The cluster as this member sees it.
                 let status = c.clone();
@@ -466,7 +526,15 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
         handoff,
         cluster,
         rescue,
+        driver,
     })
+}
+
+/// The rescue status page's path (`[rescue] status_path`).
+fn r_status_path(cfg: &NodeConfig) -> String {
+    cfg.rescue
+        .as_ref()
+        .map_or_else(|| "/dotslash-status".to_string(), |r| r.status_path.clone())
 }
 
 /// Bind the handoff control listeners that are configured and start

@@ -154,6 +154,41 @@ async fn serve_origin(
                     )
                 }
             }
+            "/max0" => {
+                let h = "ETag: \"m0\"\r\nCache-Control: max-age=0\r\n".to_string();
+                if seen.if_none_match.as_deref() == Some("\"m0\"") {
+                    (304, h, Vec::new())
+                } else {
+                    (200, h, b"max-age 0".to_vec())
+                }
+            }
+            "/once" | "/once-mr" => {
+                // Answers once; later fetches find the origin gone (the connection closes).
+                let asked = log
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|s| s.target == seen.target)
+                    .count();
+                if asked > 1 {
+                    return;
+                }
+                let cc = if seen.target == "/once-mr" {
+                    "Cache-Control: must-revalidate\r\n"
+                } else {
+                    ""
+                };
+                (
+                    200,
+                    format!("ETag: \"o1\"\r\n{cc}"),
+                    b"first answer".to_vec(),
+                )
+            }
+            "/smax" => (
+                200,
+                "ETag: \"s1\"\r\nCache-Control: max-age=0, s-maxage=3600\r\n".into(),
+                b"shared for an hour".to_vec(),
+            ),
             "/big" => (200, String::new(), vec![b'b'; BIG]),
             "/private" => (200, "Cache-Control: private\r\n".into(), b"mine".to_vec()),
             "/hang" => {
@@ -355,6 +390,68 @@ fn a_stale_object_is_revalidated_and_a_304_keeps_it() {
         "the entry was kept, not fetched again"
     );
     assert!(node.metric("switchyard_node_rescue_proxy_not_modified_total") >= 1.0);
+}
+
+/// The origin's own freshness lifetime wins over `fresh_ms`: `max-age=0` is revalidated on
+/// every request, and `s-maxage` (for shared caches) wins over `max-age`.
+#[test]
+fn the_origin_s_max_age_and_s_maxage_decide_freshness() {
+    let origin = Origin::start();
+    let (node, rescue) = rescue_node(|r| r.proxy.fresh_ms = 60_000);
+    rescue.add_origin(PeerId(1), &origin.sos(), ALIAS).unwrap();
+    let mut c = node.client();
+    for _ in 0..3 {
+        let r = get(&mut c, ALIAS, "/max0");
+        assert_eq!((r.status, r.text()), (200, "max-age 0".to_string()));
+        let r = get(&mut c, ALIAS, "/smax");
+        assert_eq!(
+            (r.status, r.text()),
+            (200, "shared for an hour".to_string())
+        );
+    }
+    assert_eq!(origin.count("/max0"), 3, "max-age=0: asked every time");
+    assert_eq!(origin.count("/smax"), 1, "s-maxage=3600 outranks max-age=0");
+    let seen = origin.seen();
+    let max0: Vec<_> = seen.iter().filter(|s| s.target == "/max0").collect();
+    assert_eq!(max0[0].if_none_match, None);
+    for s in &max0[1..] {
+        assert_eq!(s.if_none_match.as_deref(), Some("\"m0\""));
+        assert_eq!(s.status, 304);
+    }
+    assert_eq!(rescue.stats().not_modified, 2);
+}
+
+/// A stale object whose revalidation fails is served stale (RFC 9111 §4.2.4), unless the
+/// origin said `must-revalidate`.
+#[test]
+fn a_failed_revalidation_serves_the_stale_object_unless_it_must_revalidate() {
+    let origin = Origin::start();
+    let (node, rescue) = rescue_node(|r| r.proxy.fresh_ms = 100);
+    rescue.add_origin(PeerId(1), &origin.sos(), ALIAS).unwrap();
+    let mut c = node.client();
+    let r = get(&mut c, ALIAS, "/once");
+    assert_eq!((r.status, r.text()), (200, "first answer".to_string()));
+    assert!(eventually(Duration::from_secs(10), || {
+        let r = get(&mut c, ALIAS, "/once");
+        assert_eq!((r.status, r.text()), (200, "first answer".to_string()));
+        origin.count("/once") >= 2
+    }));
+    let s = rescue.stats();
+    assert!(s.stale_served >= 1 && s.fetch_errors >= 1, "{s:?}");
+
+    let r = get(&mut c, ALIAS, "/once-mr");
+    assert_eq!((r.status, r.text()), (200, "first answer".to_string()));
+    assert!(eventually(Duration::from_secs(10), || {
+        let r = get(&mut c, ALIAS, "/once-mr");
+        if origin.count("/once-mr") >= 2 {
+            assert_eq!(r.status, 502, "must-revalidate: no stale answer");
+            true
+        } else {
+            assert_eq!(r.status, 200);
+            false
+        }
+    }));
+    assert_eq!(rescue.stats().stale_served, s.stale_served);
 }
 
 #[test]

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// How responses reach clients (config key and CLI value `relay` or `handoff`).
+/// How responses reach clients (config key and CLI value `relay`, `handoff` or `redirect`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
@@ -14,6 +14,10 @@ pub enum Mechanism {
     /// One-way: the switch hands the client's connection to the node, which answers the client
     /// directly (nodes with a `control` address; others are relayed).
     Handoff,
+    /// HTTP redirect: the switch answers each request with a 302 to the chosen node's address
+    /// (`http://<node addr><target>`), and the client fetches it from the node itself. For
+    /// nodes clients can reach; costs the client a round trip per redirected request.
+    Redirect,
 }
 
 impl Mechanism {
@@ -22,6 +26,7 @@ impl Mechanism {
         match self {
             Mechanism::Relay => "relay",
             Mechanism::Handoff => "handoff",
+            Mechanism::Redirect => "redirect",
         }
     }
 }
@@ -42,7 +47,7 @@ mod tests {
         struct C {
             m: Mechanism,
         }
-        for m in [Mechanism::Relay, Mechanism::Handoff] {
+        for m in [Mechanism::Relay, Mechanism::Handoff, Mechanism::Redirect] {
             let c: C = toml::from_str(&format!("m = \"{m}\"")).unwrap();
             assert_eq!(c.m, m);
         }

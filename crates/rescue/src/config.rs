@@ -110,6 +110,11 @@ pub struct RescueConfig {
     /// rescue capacity (as in the paper's experiments).
     #[serde(default)]
     pub max_grant_kbps: Option<f64>,
+    /// Whether this server rescues others. Default true; false for a site that can only ask
+    /// for rescue (a switch, which has no rescue proxy): it refuses every SOS and advertises no
+    /// free capacity.
+    #[serde(default = "d_gives_rescue")]
+    pub gives_rescue: bool,
     /// Most origins rescued at once. Default 8.
     #[serde(default = "d_max_origins")]
     pub max_origins: usize,
@@ -150,6 +155,96 @@ pub struct RescueConfig {
     /// `[rescue.dns]`: dynamic DNS updates of the site's zone (none: no DNS round robin).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dns: Option<DnsConfig>,
+    /// `[rescue.peering]`: where the rescue protocol listens, this server's TLS identity and the
+    /// peers it talks to. Without it the server runs no control loop (a rescue proxy whose
+    /// origins are added by hand).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peering: Option<PeeringConfig>,
+}
+
+/// `[rescue.peering]`: the rescue protocol's listener and mutual TLS (beyond the paper, whose
+/// peers trust any TCP connection). Peers prove who they are with certificates issued by `ca`;
+/// a certificate must name (DNS subject alternative name) one of `peers`, whatever its issuer,
+/// or the connection is refused.
+///
+/// ```toml
+/// [rescue.peering]
+/// listen = "0.0.0.0:7070"
+/// cert = "/etc/switchyard/rescue.crt"   # this server's certificate chain, PEM
+/// key = "/etc/switchyard/rescue.key"    # its private key, PEM
+/// ca = "/etc/switchyard/peers-ca.crt"   # the issuers peers' certificates must chain to, PEM
+///
+/// [[rescue.peering.peers]]
+/// name = "www.rescue.com"      # the name its certificate carries
+/// addr = "192.0.2.7:7070"      # its rescue protocol listener
+/// d_free_kbps = 2000           # a rescue candidate with this free capacity (static registry)
+/// # domain = "example.net"     # its administrative domain, for diversity (§4.5)
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeeringConfig {
+    /// The rescue protocol's listener.
+    pub listen: std::net::SocketAddr,
+    /// This server's certificate chain (PEM), leaf first.
+    pub cert: std::path::PathBuf,
+    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: std::path::PathBuf,
+    /// The certificate authorities peers' certificates must chain to (PEM).
+    pub ca: std::path::PathBuf,
+    /// The servers this one exchanges rescue messages with; every other is refused.
+    #[serde(default)]
+    pub peers: Vec<PeerConfig>,
+}
+
+/// One `[[rescue.peering.peers]]` entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerConfig {
+    /// The name its certificate carries (a DNS subject alternative name).
+    pub name: String,
+    /// Its rescue protocol listener.
+    pub addr: std::net::SocketAddr,
+    /// Its free rescue capacity d_free, kB/s, when it is a rescue candidate; unset: it is a
+    /// peer (an origin it may rescue) but never asked for rescue. Stands in for the registry's
+    /// advertisement until one is configured.
+    #[serde(default)]
+    pub d_free_kbps: Option<f64>,
+    /// Its administrative domain (§4.5: rescue servers in diverse domains are preferred).
+    #[serde(default)]
+    pub domain: Option<String>,
+}
+
+impl PeeringConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let err = |key: &'static str, msg: String| Err(ConfigError { key, msg });
+        let mut names = std::collections::BTreeSet::new();
+        for p in &self.peers {
+            if !valid_name(&p.name) {
+                return err(
+                    "peering.peers.name",
+                    format!("`{}` is not a host name", p.name),
+                );
+            }
+            if !names.insert(p.name.to_ascii_lowercase()) {
+                return err("peering.peers.name", format!("`{}` listed twice", p.name));
+            }
+            if p.addr.port() == 0 {
+                return err("peering.peers.addr", format!("`{}`: port 0", p.name));
+            }
+            if let Some(d) = p.d_free_kbps {
+                if !(d.is_finite() && d > 0.0 && d <= MAX_RATE_KBPS as f64) {
+                    return err(
+                        "peering.peers.d_free_kbps",
+                        format!("`{}`: must be a positive number of kB/s", p.name),
+                    );
+                }
+            }
+        }
+        if self.peers.len() > u32::MAX as usize {
+            return err("peering.peers", "too many peers".into());
+        }
+        Ok(())
+    }
 }
 
 /// `[rescue.proxy]`: the rescue server's reverse caching proxy (§4.1). Objects are kept in
@@ -166,7 +261,8 @@ pub struct ProxyConfig {
     /// Largest object cached; larger responses are relayed uncached. Default 1 MiB (the node's
     /// own `cache_max_object_bytes`).
     pub max_object_bytes: u64,
-    /// How long a cached object is used without asking the origin, milliseconds; afterwards it
+    /// How long a cached object is used without asking the origin, milliseconds, when the
+    /// origin gives it no freshness lifetime of its own (`s-maxage` or `max-age`); afterwards it
     /// is revalidated with its validators (`If-None-Match`, `If-Modified-Since`), and a 304
     /// keeps it another interval. Default 10000: the origin answers at most one small 304 per
     /// hot object every 10 s (about A_redi bytes each, far below T_low of any D_out), while its
@@ -259,6 +355,9 @@ fn d_points() -> u32 {
 fn d_min_grant() -> f64 {
     10.0
 }
+fn d_gives_rescue() -> bool {
+    true
+}
 fn d_max_origins() -> usize {
     8
 }
@@ -303,6 +402,7 @@ impl RescueConfig {
             sos_want_kbps: None,
             min_grant_kbps: d_min_grant(),
             max_grant_kbps: None,
+            gives_rescue: d_gives_rescue(),
             max_origins: d_max_origins(),
             retry_refused_intervals: d_retry(),
             request_timeout_ms: d_timeout(),
@@ -313,6 +413,7 @@ impl RescueConfig {
             proxy: ProxyConfig::default(),
             registry: None,
             dns: None,
+            peering: None,
         }
     }
 
@@ -494,7 +595,11 @@ impl RescueConfig {
                 }
             }
         }
-        self.proxy.validate()
+        self.proxy.validate()?;
+        if let Some(p) = &self.peering {
+            p.validate()?;
+        }
+        Ok(())
     }
 }
 
@@ -655,6 +760,35 @@ mod tests {
             let e = c.validate().expect_err(key);
             assert_eq!(e.key, key, "{e}");
         }
+        let mut c = base();
+        c.peering = Some(PeeringConfig {
+            listen: "127.0.0.1:7070".parse().unwrap(),
+            cert: "c".into(),
+            key: "k".into(),
+            ca: "ca".into(),
+            peers: vec![
+                PeerConfig {
+                    name: "a.example".into(),
+                    addr: "127.0.0.1:7071".parse().unwrap(),
+                    d_free_kbps: Some(100.0),
+                    domain: None,
+                },
+                PeerConfig {
+                    name: "A.example".into(),
+                    addr: "127.0.0.1:7072".parse().unwrap(),
+                    d_free_kbps: None,
+                    domain: None,
+                },
+            ],
+        });
+        assert_eq!(c.validate().unwrap_err().key, "peering.peers.name");
+        let p = c.peering.as_mut().unwrap();
+        p.peers[1].name = "b.example".into();
+        p.peers[1].d_free_kbps = Some(-1.0);
+        assert_eq!(c.validate().unwrap_err().key, "peering.peers.d_free_kbps");
+        c.peering.as_mut().unwrap().peers[1].d_free_kbps = None;
+        c.validate().unwrap();
+
         let mut c = base();
         c.t_low = 0.2;
         c.t_alert = 0.4;

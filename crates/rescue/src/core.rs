@@ -52,7 +52,7 @@
 //!
 //! # Granting an SOS
 //!
-//! A server accepts an SOS unless it is in SOS, already rescues `max_origins` origins, its last
+//! A server accepts an SOS unless it gives no rescue at all (`gives_rescue = false`), is in SOS, already rescues `max_origins` origins, its last
 //! interval had d_self/D_out > T_alert or d_out/D_out > T_high, or it has less than
 //! `min_grant_kbps` free. D_alloc is its free capacity d_free, capped by the SOS's wanted rate
 //! and `max_grant_kbps`; D_init = D_alloc × T_coff is the first D_redi, sent in the grant with
@@ -406,6 +406,9 @@ impl Core {
     /// d_free, bytes per second: D_resc when normal, 0 in SOS, D_resc minus the allocations in
     /// rescue.
     pub fn d_free(&self) -> f64 {
+        if !self.cfg.gives_rescue {
+            return 0.0;
+        }
         let d_resc = self.cfg.d_resc();
         match self.state {
             State::Normal => d_resc,
@@ -801,7 +804,11 @@ impl Core {
         }
         let busy = self.rates.d_self / self.d_out > self.cfg.t_alert
             || self.rates.d_out / self.d_out > self.cfg.t_high;
-        if self.state == State::Sos || self.origins.len() >= self.cfg.max_origins || busy {
+        if !self.cfg.gives_rescue
+            || self.state == State::Sos
+            || self.origins.len() >= self.cfg.max_origins
+            || busy
+        {
             return Response::reject();
         }
         let mut d_alloc = self.d_free();
@@ -1036,6 +1043,22 @@ mod tests {
         }
         assert_eq!(c.rescuers().count(), peers.len());
         c
+    }
+
+    #[test]
+    fn a_server_that_gives_no_rescue_refuses_sos_but_asks_for_rescue() {
+        let mut cfg = rescue_cfg();
+        cfg.gives_rescue = false;
+        let mut c = Core::new(cfg).unwrap();
+        assert_eq!(c.d_free(), 0.0);
+        let acts = c.on_message(s(0), PeerId(1), request(1, Request::Sos(sos())));
+        assert_eq!(reply(&acts), Response::reject());
+        assert_eq!(c.state(), State::Normal);
+        assert!(!acts.iter().any(|a| matches!(a, Action::OriginAdded { .. })));
+        // Its own crowd still makes it ask.
+        let acts = c.on_tick(s(1), &own(6000.0), &[cand(2, 20_000.0)]);
+        assert_eq!(sends(&acts).len(), 1, "{acts:?}");
+        assert_eq!(c.state(), State::Sos);
     }
 
     #[test]

@@ -117,7 +117,7 @@ pub mod vhosts;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::config::{ProxyConfig, RescueConfig};
+pub use crate::config::{PeerConfig, PeeringConfig, ProxyConfig, RescueConfig};
 pub use crate::core::{Action, Candidate, Core, EndReason, State, Status};
 pub use crate::error::ConfigError;
 pub use crate::meter::{redirect_accounting, Measurement, Meter, Totals};

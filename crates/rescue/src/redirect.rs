@@ -3,10 +3,11 @@
 //! request; the core hands it a new [`RedirectPlan`] every control interval and whenever its
 //! rescue servers or their D_redi change.
 //!
-//! * **Whether.** The origin redirects once its outbound bytes in the current interval exceed
-//!   T_redi × D_out × I_ctrl, T_redi being the dynamic threshold of §4.4.4 (in the plan): it
-//!   serves its own share of each interval first and redirects the rest, so its data rate levels
-//!   off at T_redi × D_out plus the redirects' own cost. Never redirected: the status page and
+//! * **Whether.** The origin redirects a request when serving it would take its outbound bytes
+//!   in the current interval past T_redi × D_out × I_ctrl, T_redi being the dynamic threshold
+//!   of §4.4.4 (in the plan): it serves its own share of each interval first and redirects the
+//!   rest, so its data rate stays at T_redi × D_out plus the redirects' own cost, and redirects
+//!   begin at the first load whose d_out would pass T_redi × D_out. Never redirected: the status page and
 //!   requests from a rescue server's address (its proxy fetches, §5.4.2).
 //! * **At most D_out / A_redi.** An interval holds at most ⌊D_out × I_ctrl / A_redi⌋ redirects
 //!   (§4.4.4's bound); beyond it the origin has no capacity left even for redirects, and
@@ -235,7 +236,7 @@ impl Redirector {
     }
 
     /// Decides one request; `out_bytes` is the origin's outbound bytes so far in this interval
-    /// ([`crate::Meter::out_bytes`]). A `Redirect` has already been charged to the server's
+    /// ([`crate::Meter::out_bytes`]), before this request. A `Redirect` has already been charged to the server's
     /// budget.
     pub fn route(&mut self, q: &RouteQuery<'_>, out_bytes: u64) -> Route<'_> {
         let Some(plan) = self.plan.as_ref() else {
@@ -244,7 +245,7 @@ impl Redirector {
         if plan.targets.is_empty()
             || q.path == self.status_path
             || plan.targets.iter().any(|t| t.ip == q.client)
-            || (out_bytes as f64) <= plan.threshold_bytes()
+            || (out_bytes.saturating_add(q.size) as f64) <= plan.threshold_bytes()
         {
             return Route::Serve;
         }
@@ -379,8 +380,9 @@ mod tests {
         let mut r = Redirector::new(&cfg());
         assert_eq!(r.route(&q("/a", 10), u64::MAX), Route::Serve, "no plan");
         r.apply(plan(1, 0.75, vec![target(1, 1000.0)]));
-        assert_eq!(r.route(&q("/a", 10), 750_000), Route::Serve);
-        assert_eq!(peer_of(r.route(&q("/a", 10), 750_001)), Some(1));
+        // Serving it must keep the interval within T_redi × D_out × I_ctrl = 750 000 bytes.
+        assert_eq!(r.route(&q("/a", 10), 749_990), Route::Serve);
+        assert_eq!(peer_of(r.route(&q("/a", 10), 749_991)), Some(1));
         // Status page and the rescue server's own fetches stay here.
         assert_eq!(
             r.route(&q("/dotslash-status", 10), 10_000_000),
@@ -391,10 +393,10 @@ mod tests {
             ..q("/a", 10)
         };
         assert_eq!(r.route(&from_rescuer, 10_000_000), Route::Serve);
-        // T_redi = 0: everything goes.
+        // T_redi = 0: everything goes, the first request of an interval too.
         r.apply(plan(2, 0.0, vec![target(1, 1000.0)]));
         assert_eq!(peer_of(r.route(&q("/a", 10), 1)), Some(1));
-        assert_eq!(r.route(&q("/a", 10), 0), Route::Serve);
+        assert_eq!(peer_of(r.route(&q("/a", 10), 0)), Some(1));
     }
 
     #[test]

@@ -245,8 +245,8 @@ pub struct SwitchConfig {
     pub splice_min_bytes: u64,
     /// Add the client's address to `X-Forwarded-For` on forwarded requests.
     pub forwarded_for: bool,
-    /// `relay` (two-way) or `handoff` (one-way: the node answers the client directly;
-    /// `--mechanism`).
+    /// `relay` (two-way), `handoff` (one-way: the node answers the client directly) or
+    /// `redirect` (a 302 to the chosen node; `--mechanism`).
     pub mechanism: Mechanism,
     /// Persistent connections under handoff: `auto`, `single`, `multiple-handoff` or
     /// `backend-forwarding` (`--persistent`).
@@ -269,6 +269,12 @@ pub struct SwitchConfig {
     /// up (`POST /actions/nodes/ID/drain|down|up`). Off by default: the page is read-only and
     /// every action is refused with 403. Reloadable.
     pub admin_actions: bool,
+    /// The site's flash-crowd rescue (seed 001): set from the top-level `[rescue]` table, not
+    /// from `[switch]`. With `[rescue.peering]` the switch runs the rescue control loop for the
+    /// whole cluster and redirects part of a crowd to rescue servers. Read at start; a reload
+    /// keeps the one in force.
+    #[serde(skip)]
+    pub rescue: Option<switchyard_rescue::RescueConfig>,
 }
 
 impl Default for SwitchConfig {
@@ -311,6 +317,7 @@ impl Default for SwitchConfig {
             handoff_linger_ms: 1_000,
             dashboard_viewers: 64,
             admin_actions: false,
+            rescue: None,
         }
     }
 }

@@ -115,6 +115,7 @@ mod handoff;
 mod health;
 mod relay;
 mod report;
+mod rescue;
 mod state;
 
 /// The strict node-response parser (kept under its old path).
@@ -203,6 +204,11 @@ impl RunningSwitch {
             }
         };
         tokio::time::timeout(limit, ready).await.is_ok()
+    }
+
+    /// With `[rescue.peering]`: the site's rescue driver (status, change notifications).
+    pub fn rescue_driver(&self) -> Option<Arc<switchyard_rescue_driver::Driver>> {
+        self.shared.rescue.as_ref().map(|r| r.driver.clone())
     }
 
     /// What `/status.json` shows: nodes, policy counters, one-way delivery.
@@ -435,6 +441,12 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
                 .map_err(|e| SwitchError::Config(e.to_string()))?,
         ),
     };
+    let rescue = match cfg.rescue.as_ref().filter(|r| r.peering.is_some()) {
+        Some(r) => {
+            Some(rescue::SiteRescue::start(r, cfg.mechanism == config::Mechanism::Handoff).await?)
+        }
+        None => None,
+    };
     let shared = Arc::new(Shared {
         origin: Instant::now(),
         gen: RwLock::new(Arc::new(placeholder)),
@@ -458,6 +470,7 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
         hot: Mutex::new(switchyard_admin::dashboard::HotTargets::new(
             dashboard::HOT_CAPACITY,
         )),
+        rescue,
     });
     let (gen, fresh) = build_generation(&shared, &cfg, None)?;
     shared.install(Arc::new(gen));
@@ -487,6 +500,12 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
         Some(a) => {
             let mut registry = Registry::default();
             metrics::register(&mut registry, shared.clone());
+            if let Some(r) = &shared.rescue {
+                switchyard_rescue_driver::metrics::register(
+                    &mut registry,
+                    r.driver.status_source(),
+                );
+            }
             let admin_listener = Admin::bind(a).await?;
             let bound = admin_listener
                 .local_addr()
@@ -521,6 +540,24 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
                         Arc::new(move |rest| actions::run(&s, rest)),
                     )?
                 });
+            let admin = match &shared.rescue {
+                Some(r) => {
+                    let src = r.driver.status_source();
+                    let path = cfg
+                        .rescue
+                        .as_ref()
+                        .map_or("/dotslash-status", |r| r.status_path.as_str());
+                    admin.route_query(
+                        path,
+                        Arc::new(move |q| {
+                            let (content_type, body) =
+                                switchyard_rescue_driver::status_page(&src, q);
+                            Page { content_type, body }
+                        }),
+                    )
+                }
+                None => admin,
+            };
             tasks.push(tokio::spawn(dashboard::run(
                 shared.clone(),
                 publisher,

@@ -408,6 +408,7 @@ pub(crate) fn status(shared: &Shared) -> SwitchStatus {
                 .map(|(reason, n)| (reason.to_owned(), n))
                 .collect(),
         },
+        rescue: shared.rescue.as_ref().map(|r| r.driver.status()),
     }
 }
 

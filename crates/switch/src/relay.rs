@@ -230,6 +230,32 @@ impl Client {
         let keep = head.keep_alive && !self.stopping();
         let has_body = head.framing != BodyFraming::None;
 
+        // During a rescue, part of the crowd goes to the rescue servers (seed 001 §4.4.4).
+        if let Some(r) = self.shared.rescue.as_ref().filter(|_| {
+            !has_body
+                && matches!(
+                    head.method,
+                    switchyard_http::Method::Get | switchyard_http::Method::Head
+                )
+                && head.target.starts_with('/')
+        }) {
+            let size = r.size_of(&head.target);
+            match r.traffic.route(self.peer.ip(), &head.target, size) {
+                switchyard_rescue_driver::Verdict::Serve => {}
+                switchyard_rescue_driver::Verdict::Refuse => {
+                    self.buf.advance(head.head_len);
+                    return self.local_error(&gen, 503, keep, &head).await;
+                }
+                switchyard_rescue_driver::Verdict::Redirect { peer, location } => {
+                    self.buf.advance(head.head_len);
+                    let traffic = r.traffic.clone();
+                    let (end, bytes) = self.redirect(&gen, 302, &location, keep, &head).await;
+                    traffic.redirected(peer, bytes, size);
+                    return end;
+                }
+            }
+        }
+
         // One-way delivery: a request without a body may take its connection to the node
         // (requests with a body are relayed: their body is checked here first). Until the node
         // is chosen, the head stays in `buf`: it travels with the connection.
@@ -283,6 +309,38 @@ impl Client {
                 }
             };
             self.shared.dispatched(&head.target, choice.idx);
+            if gen.cfg.mechanism == Mechanism::Redirect && head.target.starts_with('/') {
+                // Delivery by redirect: the client fetches it from the node itself.
+                if !head_consumed {
+                    self.buf.advance(head.head_len);
+                }
+                let backend = gen.nodes[choice.idx].clone();
+                let location = format!("http://{}{}", backend.addr, head.target);
+                // 307 keeps the method and body of anything but GET and HEAD.
+                let status = if matches!(
+                    head.method,
+                    switchyard_http::Method::Get | switchyard_http::Method::Head
+                ) {
+                    302
+                } else {
+                    307
+                };
+                let (end, bytes) = self.redirect(&gen, status, &location, keep, &head).await;
+                if let Some(n) = choice.policy_node {
+                    gen.policy.lock().post_request(
+                        self.id,
+                        n,
+                        &Outcome::ok(status, bytes, false),
+                        self.shared.now(),
+                    );
+                }
+                self.shared.freed.notify_one();
+                backend.requests.fetch_add(1, Relaxed);
+                if let Some(r) = &self.shared.rescue {
+                    r.answered(bytes);
+                }
+                return end;
+            }
             // The raw bytes read so far travel with the connection: copied only for a node that
             // takes connections, then the head is consumed here as for any request.
             let pre = (std::mem::take(&mut preread) && gen.nodes[choice.idx].control.is_some())
@@ -342,6 +400,9 @@ impl Client {
             self.shared.freed.notify_one();
             match r {
                 Ok(x) => {
+                    if let Some(r) = &self.shared.rescue {
+                        r.relayed(&head.target, x.status, x.bytes);
+                    }
                     self.shared.node_ok(&backend);
                     backend.requests.fetch_add(1, Relaxed);
                     backend.bytes.fetch_add(x.bytes, Relaxed);
@@ -661,6 +722,36 @@ impl Client {
     }
 
     /// Answer a request with an error status produced by the switch itself.
+    /// Answer with a redirect (`status` 302 or 307) to `location`; the bytes written and
+    /// whether the connection ends.
+    async fn redirect(
+        &mut self,
+        gen: &Generation,
+        status: u16,
+        location: &str,
+        keep: bool,
+        head: &RequestHead,
+    ) -> (Option<End>, u64) {
+        self.out.clear();
+        ResponseHead::new(&mut self.out, status)
+            .header("Server", "switchyard")
+            .header("Location", location)
+            .content_length(0)
+            .connection(keep, head.version == Version::Http10)
+            .finish();
+        let bytes = self.out.len() as u64;
+        self.shared.metrics.count_status(status);
+        if self.flush(gen.t).await.is_err() {
+            return (Some(End::Broken), bytes);
+        }
+        if keep {
+            (None, bytes)
+        } else {
+            self.linger().await;
+            (Some(End::Quiet), bytes)
+        }
+    }
+
     async fn local_error(
         &mut self,
         gen: &Generation,

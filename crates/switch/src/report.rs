@@ -58,7 +58,10 @@ pub(crate) fn apply(shared: &Shared, r: &Datagram, from: SocketAddr) {
 
 /// Give node `i`'s load report to the policy.
 fn take(shared: &Shared, g: &Generation, i: usize, report: LoadReport) {
-    *g.nodes[i].last_report.lock() = Some(report);
+    let before = g.nodes[i].last_report.lock().replace(report);
+    if let Some(r) = &shared.rescue {
+        r.reported(before.map(|b| b.bytes_out), report.bytes_out);
+    }
     g.policy
         .lock()
         .load_report(NodeId(i as u32), &report, shared.now());

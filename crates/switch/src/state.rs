@@ -56,6 +56,8 @@ pub(crate) struct Shared {
     pub nofile: u64,
     /// The most requested targets since the dashboard's last sample, with their nodes.
     pub hot: Mutex<HotTargets>,
+    /// With `[rescue.peering]`: the rescue driver of the site this switch is the face of.
+    pub(crate) rescue: Option<crate::rescue::SiteRescue>,
 }
 
 impl std::fmt::Debug for Shared {

@@ -59,6 +59,33 @@ pub(crate) struct Kept {
     pub(crate) content_length: Option<u64>,
 }
 
+impl Object {
+    /// Whether it may be served stale when the origin cannot be reached (RFC 9111 §4.2.4):
+    /// not when the origin said `must-revalidate`, `proxy-revalidate` or `no-cache`.
+    pub(crate) fn may_serve_stale(&self) -> bool {
+        self.cache_control.as_deref().is_none_or(|c| {
+            !switchyard_http::cache_control::directives(c)
+                .iter()
+                .any(|(n, _)| {
+                    matches!(
+                        n.as_str(),
+                        "must-revalidate" | "proxy-revalidate" | "no-cache"
+                    )
+                })
+        })
+    }
+
+    /// How long it may be served without asking the origin: the origin's `s-maxage` or
+    /// `max-age` (RFC 9111 §4.2.1), else `default` (`fresh_ms`). The age it had when fetched
+    /// is taken as zero: it comes straight from the origin.
+    pub(crate) fn fresh_for(&self, default: std::time::Duration) -> std::time::Duration {
+        self.cache_control
+            .as_deref()
+            .and_then(switchyard_http::cache_control::shared_max_age)
+            .map_or(default, std::time::Duration::from_secs)
+    }
+}
+
 /// How `Cache-Control` lets a shared cache use a response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Sharing {

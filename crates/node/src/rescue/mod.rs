@@ -11,7 +11,9 @@
 //!   always;
 //! * a live origin's alias or name: proxied. Only `GET` and `HEAD` (others: 405, nothing
 //!   fetched); the target must be a clean origin-form path (else 400). A stored object younger
-//!   than `fresh_ms` is served at once; an older one is revalidated with its validators
+//!   than its freshness lifetime (the origin's `s-maxage` or `max-age`, else `fresh_ms`) is
+//!   served at once (an older one whose revalidation fails is served stale, unless the origin
+//!   said `must-revalidate`, `proxy-revalidate` or `no-cache`); an older one is revalidated with its validators
 //!   (a 304 keeps it another interval); a missing one is fetched. However many clients ask for
 //!   one target at once, exactly one fetch is in flight: the first request starts it as a task
 //!   of its own (it outlives the client that started it) and every request waits on a
@@ -104,6 +106,7 @@ struct Counters {
     revalidations: AtomicU64,
     not_modified: AtomicU64,
     fetch_errors: AtomicU64,
+    stale_served: AtomicU64,
     relayed: AtomicU64,
     misdirected: AtomicU64,
     refused: AtomicU64,
@@ -125,6 +128,8 @@ pub struct RescueStats {
     pub not_modified: u64,
     /// Fetches that failed (502 or 504 to their clients).
     pub fetch_errors: u64,
+    /// Failed revalidations answered with the stale stored object (RFC 9111 §4.2.4).
+    pub stale_served: u64,
     /// Requests relayed uncached (too large, or not to be shared).
     pub relayed: u64,
     /// Requests for names this server does not serve (421).
@@ -283,7 +288,7 @@ impl RescueProxy {
                 let now = self.now();
                 let stored = self.store.lock().get(origin.id, path, now);
                 if let Some(e) = &stored {
-                    if now.saturating_sub(e.checked) < self.cfg.proxy.fresh() {
+                    if now.saturating_sub(e.checked) < e.object.fresh_for(self.cfg.proxy.fresh()) {
                         self.counters.hits.fetch_add(1, Relaxed);
                         return Answer::Object(e.object.clone());
                     }
@@ -383,7 +388,16 @@ impl RescueProxy {
             Fetched::TooLarge => Outcome::Relay,
             Fetched::Failed(status) => {
                 c.fetch_errors.fetch_add(1, Relaxed);
-                Outcome::Failed(status)
+                // The origin cannot be reached to revalidate: its last answer is better than
+                // an error, unless it asked never to be served stale. The entry stays stale,
+                // so the next request asks again.
+                match stored.filter(|o| o.may_serve_stale()) {
+                    Some(o) => {
+                        c.stale_served.fetch_add(1, Relaxed);
+                        Outcome::Shared(o)
+                    }
+                    None => Outcome::Failed(status),
+                }
             }
         };
         self.flights.lock().remove(&key);
@@ -431,6 +445,7 @@ impl RescueProxy {
             revalidations: c.revalidations.load(Relaxed),
             not_modified: c.not_modified.load(Relaxed),
             fetch_errors: c.fetch_errors.load(Relaxed),
+            stale_served: c.stale_served.load(Relaxed),
             relayed: c.relayed.load(Relaxed),
             misdirected: c.misdirected.load(Relaxed),
             refused: c.refused.load(Relaxed),
@@ -504,6 +519,20 @@ impl RescueHandle {
     }
 }
 
+impl switchyard_rescue_driver::VirtualHosts for RescueHandle {
+    fn origin_added(&self, peer: PeerId, origin: &Sos, alias: &str) -> Result<(), String> {
+        self.add_origin(peer, origin, alias)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    fn origin_ended(&self, alias: &str) -> Result<(), String> {
+        self.end_origin(alias)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+}
+
 /// Export the proxy's counters on the admin listener.
 pub(crate) fn register(
     registry: &mut prometheus_client::registry::Registry,
@@ -518,7 +547,7 @@ struct RescueCollector(Arc<RescueProxy>);
 impl Collector for RescueCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let s = self.0.stats();
-        let counters: [(&str, &str, u64); 10] = [
+        let counters: [(&str, &str, u64); 11] = [
             (
                 "switchyard_node_rescue_proxy_hits",
                 "Rescue proxy requests answered from a fresh stored object",
@@ -548,6 +577,11 @@ impl Collector for RescueCollector {
                 "switchyard_node_rescue_proxy_fetch_errors",
                 "Fetches that failed (502 or 504)",
                 s.fetch_errors,
+            ),
+            (
+                "switchyard_node_rescue_proxy_stale_served",
+                "Failed revalidations answered with the stale stored object",
+                s.stale_served,
             ),
             (
                 "switchyard_node_rescue_proxy_relayed",

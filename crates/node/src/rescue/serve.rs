@@ -33,8 +33,32 @@ impl<R: Router> Conn<'_, R> {
         // closes (a `CONNECT` never becomes a tunnel).
         let keep = head.keep_alive && simple && !self.stopping();
         self.out.reserve(1024);
+        // Bytes served on behalf of an origin count toward its d_resc (seed 001 §4.3).
+        let rescued_for = match &decision {
+            Decision::Proxy { origin, .. } => self.ctx.traffic.clone().map(|t| (t, origin.peer)),
+            _ => None,
+        };
+        let before = self.produced();
+        let end = self
+            .rescue_answer(&proxy, decision, head, keep, http10, started)
+            .await;
+        if let Some((t, peer)) = rescued_for {
+            t.rescued(peer, self.produced() - before);
+        }
+        Some(end)
+    }
+
+    async fn rescue_answer(
+        &mut self,
+        proxy: &Arc<RescueProxy>,
+        decision: Decision,
+        head: &RequestHead,
+        keep: bool,
+        http10: bool,
+        started: Instant,
+    ) -> Option<End> {
         match decision {
-            Decision::Own => return None,
+            Decision::Own => unreachable!("own-site requests leave `rescue` before this"),
             Decision::Refuse(status) => self.error_response(status, keep, head.method, http10),
             Decision::Redirect(location) => {
                 with_date(|date| {
@@ -52,14 +76,13 @@ impl<R: Router> Conn<'_, R> {
                 Answer::Object(o) => self.proxied(head, &o, keep),
                 Answer::Error(status) => self.error_response(status, keep, head.method, http10),
                 Answer::Relay => {
-                    return Some(
-                        self.relay_uncached(&proxy, &origin, &path, head, keep, started)
-                            .await,
-                    )
+                    return self
+                        .relay_uncached(proxy, &origin, &path, head, keep, started)
+                        .await
                 }
             },
         }
-        Some(self.finish_rescued(started, keep).await)
+        self.finish_rescued(started, keep).await
     }
 
     /// After a response is in the output: account for it, and close or flush as due.

@@ -1,0 +1,336 @@
+//! The switch as a site's face in flash-crowd rescue, over real sockets: a cluster (one node
+//! behind a switch with `[rescue.peering]`) gets a crowd above its D_out, asks a rescue server
+//! (a node with `[rescue.peering]`) for help over mutual TLS, redirects part of the crowd to
+//! it, and releases it when the crowd ends. And the third delivery mechanism: `redirect`.
+//!
+//! The cluster's link is not shaped: only D_out is set (200 kB/s), as in the paper's
+//! experiments. Waits follow the drivers' change notifications, bounded by a deadline.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{TestNode, TestSwitch};
+use switchyard_admin::status::RescueStatus;
+use switchyard_rescue::{PeerConfig, PeeringConfig, RescueConfig};
+use switchyard_rescue_driver::testcerts::TestCa;
+use switchyard_rescue_driver::Driver;
+use switchyard_switch::config::Mechanism;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const FILES: usize = 20;
+const FILE_BYTES: usize = 6000;
+/// The crowd's address: not the rescue server's (127.0.0.1), whose requests are never
+/// redirected.
+const CLIENT_IP: [u8; 4] = [127, 0, 0, 5];
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn fill(root: &Path) {
+    for i in 0..FILES {
+        common::write(
+            root,
+            &format!("f{i}.html"),
+            &vec![b'a' + (i % 26) as u8; FILE_BYTES],
+        );
+    }
+}
+
+fn rescue_table(
+    name: &str,
+    web_port: u16,
+    peer_port: u16,
+    ca: &TestCa,
+    dir: &Path,
+    peer: PeerConfig,
+) -> RescueConfig {
+    let (cert, key, ca_path) = ca.write_identity(name, dir).unwrap();
+    let mut r = RescueConfig::new(name, [127, 0, 0, 1].into(), web_port, 1000.0);
+    r.control_interval_ms = 200;
+    r.n_low = 5;
+    r.retry_refused_intervals = 100_000;
+    r.peering = Some(PeeringConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], peer_port)),
+        cert,
+        key,
+        ca: ca_path,
+        peers: vec![peer],
+    });
+    r
+}
+
+/// `GET` over a new connection from [`CLIENT_IP`]: (status, Location, body length).
+async fn get(addr: SocketAddr, host: &str, target: &str) -> (u16, Option<String>, usize) {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind(SocketAddr::from((CLIENT_IP, 0))).unwrap();
+    let mut s = sock.connect(addr).await.unwrap();
+    s.write_all(
+        format!("GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.unwrap();
+    let text = String::from_utf8_lossy(&buf);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let location = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Location: "))
+        .map(str::to_string);
+    (status, location, body.len())
+}
+
+/// One client of the crowd: page `n` from the site, and when redirected the page and two
+/// embedded objects from the rescue server.
+async fn one_client(site: SocketAddr, rescue: SocketAddr, n: usize) -> Result<(), String> {
+    let target = format!("/f{}.html", n % FILES);
+    let (status, location, len) = get(site, "site.test", &target).await;
+    match status {
+        200 if len == FILE_BYTES => Ok(()),
+        302 => {
+            let location = location.ok_or("a redirect without Location")?;
+            let rest = location.strip_prefix("http://").ok_or(location.clone())?;
+            let (host, path) = rest.split_at(rest.find('/').ok_or(location.clone())?);
+            if path != target {
+                return Err(format!("redirected {target} to {location}"));
+            }
+            for p in [
+                path.to_string(),
+                format!("/f{}.html", (n + 1) % FILES),
+                format!("/f{}.html", (n + 2) % FILES),
+            ] {
+                let (s, _, len) = get(rescue, host, &p).await;
+                if (s, len) != (200, FILE_BYTES) {
+                    return Err(format!("{host}{p}: {s}, {len} bytes"));
+                }
+            }
+            Ok(())
+        }
+        503 => Ok(()),
+        s => Err(format!("{target}: status {s}, {len} bytes")),
+    }
+}
+
+/// Polls `f` on `driver`'s status until it holds, for at most 30 s.
+fn wait_status(
+    rt: &tokio::runtime::Runtime,
+    driver: &Driver,
+    what: &str,
+    mut f: impl FnMut(&RescueStatus) -> bool,
+) -> RescueStatus {
+    let until = Instant::now() + Duration::from_secs(30);
+    let mut rx = driver.subscribe();
+    loop {
+        let s = driver.status();
+        if f(&s) {
+            return s;
+        }
+        assert!(Instant::now() < until, "{what}: {s:#?}");
+        let _ =
+            rt.block_on(async { tokio::time::timeout(Duration::from_secs(1), rx.changed()).await });
+    }
+}
+
+#[test]
+fn a_cluster_behind_a_switch_is_rescued_and_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("peers");
+    let (sw_web, sw_peer, r_web, r_peer) = (free_port(), free_port(), free_port(), free_port());
+    let backend = TestNode::start(fill, |_| {});
+    let rescue_cfg = rescue_table(
+        "rescue.test",
+        r_web,
+        r_peer,
+        &ca,
+        dir.path(),
+        PeerConfig {
+            name: "site.test".into(),
+            addr: SocketAddr::from(([127, 0, 0, 1], sw_peer)),
+            d_free_kbps: None,
+            domain: None,
+        },
+    );
+    // A large rescue server (D_out 4000 kB/s) granting 100 kB/s: the redirected clients'
+    // embedded objects stay far below its overload limits.
+    let mut rescue_cfg = rescue_cfg;
+    rescue_cfg.d_out_kbps = Some(4000.0);
+    rescue_cfg.max_grant_kbps = Some(100.0);
+    let rescue = TestNode::start_on(
+        SocketAddr::from(([127, 0, 0, 1], r_web)),
+        |r| common::write(r, "own.html", b"own"),
+        |c| c.rescue = Some(rescue_cfg),
+    );
+    let mut site_cfg = rescue_table(
+        "site.test",
+        sw_web,
+        sw_peer,
+        &ca,
+        dir.path(),
+        PeerConfig {
+            name: "rescue.test".into(),
+            addr: SocketAddr::from(([127, 0, 0, 1], r_peer)),
+            d_free_kbps: Some(2000.0),
+            domain: None,
+        },
+    );
+    site_cfg.d_out_kbps = Some(200.0);
+    let sw = TestSwitch::start(&[backend.addr], |c| {
+        c.listen = SocketAddr::from(([127, 0, 0, 1], sw_web));
+        c.rescue = Some(site_cfg);
+    });
+    let site = sw.sw().rescue_driver().expect("the switch runs the driver");
+    let rescuer = rescue.node.as_ref().unwrap().rescue_driver().unwrap();
+
+    // The crowd: 60 requests/s for 6 kB files, about 370 kB/s against D_out 200 kB/s.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let errors = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let errs = errors.clone();
+    let (sw_addr, r_addr) = (sw.addr, rescue.addr);
+    let crowd = rt.spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(1000 / 60));
+        let mut tasks = tokio::task::JoinSet::new();
+        for n in 0usize.. {
+            tick.tick().await;
+            tasks.spawn(one_client(sw_addr, r_addr, n));
+            while let Some(done) = tasks.try_join_next() {
+                if let Ok(Err(e)) = done {
+                    errs.lock().unwrap().push(e);
+                }
+            }
+        }
+    });
+
+    let s = wait_status(&rt, &site, "SOS from the switch", |s| {
+        s.state == "sos" && !s.rescuers.is_empty()
+    });
+    assert_eq!(s.rescuers[0].alias, "rescue-vh1.test");
+    let s = wait_status(&rt, &site, "redirects by the switch", |s| {
+        s.totals.requests_redirected >= 20
+    });
+    assert!(s.totals.requests_served > 0, "{s:?}");
+    let rs = wait_status(&rt, &rescuer, "rescued requests", |s| {
+        s.totals.requests_rescued >= 60
+    });
+    assert_eq!(rs.origins[0].fqdn, "site.test");
+    // The rescue server fetched through the switch (its requests are never redirected) from
+    // the node behind it.
+    let proxy = rescue.node.as_ref().unwrap().rescue().unwrap().stats();
+    assert!(proxy.fetches >= 1 && proxy.fetch_errors == 0, "{proxy:?}");
+    let status = sw.sw().status();
+    assert_eq!(status.rescue.as_ref().unwrap().state, "sos");
+    assert!(sw
+        .metrics()
+        .contains("switchyard_rescue_state{state=\"sos\"} 1"));
+
+    crowd.abort();
+    let errors = errors.lock().unwrap().clone();
+    assert!(errors.is_empty(), "{errors:?}");
+    let s = wait_status(&rt, &site, "release", |s| {
+        s.state == "normal" && s.rescuers.is_empty()
+    });
+    assert_eq!(s.totals.connections_lost, 0);
+    wait_status(&rt, &rescuer, "the rescue server back to normal", |s| {
+        s.state == "normal" && s.origins.is_empty()
+    });
+    // The switch never rescues others: it advertises no free capacity.
+    assert_eq!(s.d_free, 0.0);
+}
+
+#[test]
+fn the_redirect_mechanism_sends_clients_to_the_node() {
+    let backend = TestNode::start(fill, |_| {});
+    let sw = TestSwitch::start(&[backend.addr], |c| c.mechanism = Mechanism::Redirect);
+    let mut c = sw.client();
+    c.send(b"GET /f3.html?x=1 HTTP/1.1\r\nHost: site.test\r\n\r\n");
+    let r = c.response(false);
+    assert_eq!(r.status, 302);
+    let location = format!("http://{}/f3.html?x=1", backend.addr);
+    assert_eq!(r.header("location"), Some(location.as_str()));
+    // The connection stays open for the next request; a POST keeps its method with 307.
+    c.send(b"POST /form HTTP/1.1\r\nHost: site.test\r\nContent-Length: 2\r\n\r\nab");
+    let r = c.response(false);
+    assert_eq!(r.status, 307);
+    // The node serves what the client fetches from it.
+    let mut direct = common::Client::connect(backend.addr);
+    direct.send(b"GET /f3.html?x=1 HTTP/1.1\r\nHost: site.test\r\n\r\n");
+    let r = direct.response(false);
+    assert_eq!((r.status, r.body.len()), (200, FILE_BYTES));
+    assert_eq!(sw.sw().policy_stats().decisions, 2);
+    assert_eq!(sw.sw().status().mechanism, Mechanism::Redirect);
+}
+
+#[test]
+fn in_one_way_mode_the_site_is_metered_from_the_nodes_load_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("peers");
+    let report: SocketAddr = {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        s.local_addr().unwrap()
+    };
+    let sock = dir.path().join("node.sock");
+    let s = sock.clone();
+    let backend = TestNode::start(fill, move |c| {
+        c.handoff_unix = Some(s);
+        c.report_to = Some(report);
+    });
+    let site_cfg = rescue_table(
+        "site.test",
+        free_port(),
+        free_port(),
+        &ca,
+        dir.path(),
+        PeerConfig {
+            name: "rescue.test".into(),
+            addr: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            d_free_kbps: None,
+            domain: None,
+        },
+    );
+    let sw = TestSwitch::start(&[backend.addr], |c| {
+        c.nodes = vec![switchyard_switch::NodeEntry {
+            control: Some(switchyard_switch::config::ControlAddr::Unix(sock)),
+            ..switchyard_switch::NodeEntry::new(backend.addr)
+        }];
+        c.mechanism = Mechanism::Handoff;
+        c.report_listen = Some(report);
+        c.rescue = Some(site_cfg);
+    });
+    assert!(sw
+        .rt
+        .block_on(sw.sw().wait_for_controls(Duration::from_secs(5))));
+    let site = sw.sw().rescue_driver().unwrap();
+    let fd_before = sw.sw().handoff_metrics().handoffs_fd.get();
+    for i in 0..20 {
+        let mut c = sw.client();
+        let r = c.get(&format!("/f{}.html", i % FILES));
+        assert_eq!((r.status, r.body.len()), (200, FILE_BYTES));
+    }
+    assert!(sw.sw().handoff_metrics().handoffs_fd.get() > fd_before);
+    // The responses left from the node, not through the switch: the site's meter has them
+    // from the node's reports (the first report is the baseline).
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    wait_status(&rt, &site, "bytes from load reports", |s| {
+        s.totals.bytes_served >= 10 * FILE_BYTES as u64
+    });
+}
