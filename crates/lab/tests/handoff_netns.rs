@@ -280,7 +280,22 @@ fn a_response_still_being_sent_moves_with_its_connection() {
         let fd: OwnedFd = served.into();
         let state = repair::dump(fd.as_fd()).expect("dump");
         drop(fd); // repair mode: nothing sent
-        let restored = repair::restore(&state, local, peer).expect("restore");
+                  // Both sides share this host here, so the dumped socket must be gone before its 4-tuple
+                  // can be restored; a timer of the old socket (its zero-window probe) can hold it an
+                  // instant after the close.
+        let t = std::time::Instant::now();
+        let restored = loop {
+            match repair::restore(&state, local, peer) {
+                Ok(r) => break r,
+                Err(switchyard_handoff::HandoffError::Io { source, .. })
+                    if source.raw_os_error() == Some(libc::EADDRNOTAVAIL)
+                        && t.elapsed() < Duration::from_secs(2) =>
+                {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => panic!("restore: {e}"),
+            }
+        };
         assert!(
             !restored.unsent.is_empty(),
             "nothing was left unsent: {} queued",
