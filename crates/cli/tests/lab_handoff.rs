@@ -156,6 +156,23 @@ impl Lab {
             .map_or(0.0, |v| v.trim().parse().unwrap())
     }
 
+    /// Fetch `path` through the VIP until the switch has handed a connection off (its control
+    /// connections come up in the background), within 10 s.
+    fn wait_for_a_handoff(&self, path: &'static str) {
+        let vip = self.vip();
+        let until = Instant::now() + Duration::from_secs(10);
+        while self.metric("switchyard_handoff_repair_total") < 1.0 {
+            let _ = self.on_client(move || get_once(vip, path));
+            assert!(
+                Instant::now() < until,
+                "no connection was handed off\n{}\n{}",
+                self.switch_metrics(),
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Handoffs the switch abandoned so far, for every reason.
     fn abandoned(&self) -> f64 {
         self.switch_metrics()
@@ -233,17 +250,7 @@ fn handoff_across_hosts_with_the_real_switch_and_nodes() {
         false
     });
     assert!(ready, "the VIP never answered\n{}", lab.logs());
-    let until = Instant::now() + Duration::from_secs(10);
-    while lab.metric("switchyard_handoff_repair_total") < 1.0 {
-        let _ = lab.on_client(move || get_once(vip, "/1k.bin"));
-        assert!(
-            Instant::now() < until,
-            "no connection was handed off\n{}\n{}",
-            lab.switch_metrics(),
-            lab.logs()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    lab.wait_for_a_handoff("/1k.bin");
 
     // curl through a handoff.
     let (client_ns, _) = lab.host("client0");
@@ -473,12 +480,7 @@ fn multiple_handoff_and_backend_forwarding_across_hosts() {
             ],
         );
         let vip = lab.vip();
-        let until = Instant::now() + Duration::from_secs(10);
-        while lab.metric("switchyard_handoff_repair_total") < 1.0 {
-            let _ = lab.on_client(move || get_once(vip, "/index.html"));
-            assert!(Instant::now() < until, "no handoff\n{}", lab.logs());
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        lab.wait_for_a_handoff("/index.html");
         // One keep-alive connection asks for every target, twice.
         lab.on_client(move || {
             let mut s = TcpStream::connect(vip).unwrap();
@@ -514,12 +516,7 @@ fn multiple_handoff_and_backend_forwarding_across_hosts() {
 fn handoff_with_nftables_steering() {
     let lab = Lab::up('n', &["--switch-arg=--steering=nftables"]);
     let vip = lab.vip();
-    let until = Instant::now() + Duration::from_secs(10);
-    while lab.metric("switchyard_handoff_repair_total") < 1.0 {
-        let _ = lab.on_client(move || get_once(vip, "/1k.bin"));
-        assert!(Instant::now() < until, "no handoff\n{}", lab.logs());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    lab.wait_for_a_handoff("/1k.bin");
     let before = lab.metric("switchyard_handoff_repair_total");
     let bad = lab.on_client(move || {
         // Keep-alive with a large body, then many short connections.
@@ -582,12 +579,7 @@ fn randomized_pipelines_across_hosts() {
             ],
         );
         let vip = lab.vip();
-        let until = Instant::now() + Duration::from_secs(10);
-        while lab.metric("switchyard_handoff_repair_total") < 1.0 {
-            let _ = lab.on_client(move || get_once(vip, "/who"));
-            assert!(Instant::now() < until, "no handoff\n{}", lab.logs());
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        lab.wait_for_a_handoff("/who");
         let failures = lab.on_client(move || pipeline::run_trials(vip, n, seed, 4));
         assert!(
             failures.is_empty(),

@@ -172,26 +172,10 @@ fn bytes_arriving_after_a_dump_reach_the_taker() {
     let lab = common::LabGuard::new(1, 1, None);
     let got = in_ns(lab.ns("client0"), || -> std::io::Result<Vec<u8>> {
         use std::io::Read;
-        use std::os::fd::AsRawFd;
         use std::os::fd::{AsFd, OwnedFd};
         use switchyard_handoff::repair;
         let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-        // An Ethernet-sized MSS (loopback's is above what TCP_MAXSEG takes).
-        let c = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
-        let mss: libc::c_int = 1460;
-        // SAFETY: a valid int option on a live socket.
-        let r = unsafe {
-            libc::setsockopt(
-                c.as_raw_fd(),
-                libc::IPPROTO_TCP,
-                libc::TCP_MAXSEG,
-                &mss as *const _ as *const libc::c_void,
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(r, 0, "TCP_MAXSEG: {}", std::io::Error::last_os_error());
-        c.connect(&l.local_addr()?.into())?;
-        let mut client: TcpStream = c.into();
+        let mut client = connect_with_ethernet_mss(l.local_addr()?)?;
         client.set_read_timeout(Some(Duration::from_secs(10)))?;
         let (mut served, peer) = l.accept()?;
         let local = served.local_addr()?;
@@ -242,26 +226,10 @@ fn a_response_still_being_sent_moves_with_its_connection() {
     let expect = body.clone();
     let got = in_ns(lab.ns("client0"), move || -> std::io::Result<Vec<u8>> {
         use std::io::Read;
-        use std::os::fd::AsRawFd;
         use std::os::fd::{AsFd, OwnedFd};
         use switchyard_handoff::repair;
         let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-        // An Ethernet-sized MSS (loopback's is above what TCP_MAXSEG takes).
-        let c = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
-        let mss: libc::c_int = 1460;
-        // SAFETY: a valid int option on a live socket.
-        let r = unsafe {
-            libc::setsockopt(
-                c.as_raw_fd(),
-                libc::IPPROTO_TCP,
-                libc::TCP_MAXSEG,
-                &mss as *const _ as *const libc::c_void,
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(r, 0, "TCP_MAXSEG: {}", std::io::Error::last_os_error());
-        c.connect(&l.local_addr()?.into())?;
-        let mut client: TcpStream = c.into();
+        let mut client = connect_with_ethernet_mss(l.local_addr()?)?;
         client.set_read_timeout(Some(Duration::from_secs(10)))?;
         let (served, peer) = l.accept()?;
         let local = served.local_addr()?;
@@ -317,6 +285,29 @@ fn a_response_still_being_sent_moves_with_its_connection() {
     .expect("the response arrives whole");
     assert_eq!(got.len(), expect.len());
     assert!(got == expect, "the response arrived out of order");
+}
+
+/// A client connection to `addr` with an Ethernet-sized MSS: loopback's is above what
+/// `TCP_MAXSEG` takes, so a connection dumped on loopback could not be restored with its own.
+fn connect_with_ethernet_mss(addr: std::net::SocketAddr) -> std::io::Result<TcpStream> {
+    use std::os::fd::AsRawFd;
+    let c = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    let mss: libc::c_int = 1460;
+    // SAFETY: a valid int option on a live socket.
+    let r = unsafe {
+        libc::setsockopt(
+            c.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_MAXSEG,
+            &mss as *const _ as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    c.connect(&addr.into())?;
+    Ok(c.into())
 }
 
 fn refused_handoff_falls_back_to_the_switch() {
