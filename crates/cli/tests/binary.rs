@@ -244,6 +244,11 @@ fn cooperative_demo_moves_requests_to_their_owners_unprivileged(root: bool) {
         sum("switchyard_node_clones_out_total") >= 1.0,
         "some of twenty pages belong to other nodes than the entry"
     );
+    let admin = dashboard
+        .strip_prefix("http://")
+        .and_then(|a| a.strip_suffix('/'))
+        .expect("the dashboard's URL is http://ADDR/");
+    status_reads_a_cooperative_member(admin);
     let status = term(&mut run.0);
     assert!(status.success(), "{status:?}");
 }
@@ -461,6 +466,84 @@ fn status_reads_the_running_switch(admin: &str, metrics: &str) {
         err.contains("cannot reach the admin listener at 127.0.0.1:1"),
         "{err}"
     );
+}
+
+/// `switchyard status` against a running cooperative member (its admin listener at `admin`):
+/// the whole cluster's table as that member sees it, `--json`, and `--watch`.
+fn status_reads_a_cooperative_member(admin: &str) {
+    let out = bin().args(["status", "--admin", admin]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].starts_with(&format!("cooperative member n1 at {admin}: policy")),
+        "{text}"
+    );
+    assert!(lines[0].contains("3/3 members up"), "{text}");
+    assert!(
+        lines[1].starts_with("member") && lines[1].contains("clones/s"),
+        "{text}"
+    );
+    for (i, l) in lines[2..5].iter().enumerate() {
+        let cells: Vec<&str> = l.split_whitespace().collect();
+        assert_eq!(cells[0], format!("n{}", i + 1), "{text}");
+        assert!(cells.contains(&"UP"), "{text}");
+    }
+    assert!(lines[2].starts_with("n1 (this)"), "{text}");
+    assert!(lines[5].starts_with("total"), "{text}");
+    // A single reading waits for a fresh update: the rates are there.
+    assert!(!text.contains("no rates yet"), "{text}");
+    // The total line sums this member's counts: routed, clones, hand-backs, lost.
+    let total: Vec<&str> = lines[5].split_whitespace().collect();
+    for cell in &total[total.len() - 4..] {
+        assert!(cell.parse::<u64>().is_ok(), "{text}");
+    }
+
+    let out = bin()
+        .args(["status", "--admin", admin, "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["kind"], "cooperative");
+    assert_eq!(j["status"]["members"].as_array().unwrap().len(), 3, "{j}");
+    assert_eq!(j["dashboard"]["meta"]["kind"], "cooperative", "{j}");
+    assert_eq!(j["dashboard"]["update"]["n"].as_array().unwrap().len(), 3);
+
+    let mut watch = Running(
+        bin()
+            .args(["status", "--admin", admin, "--watch", "--interval", "0.2"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = watch.0.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = out.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                return;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let clear = b"\x1b[H\x1b[2J";
+    let frames = |s: &[u8]| s.windows(clear.len()).filter(|w| w == clear).count();
+    while frames(&seen) < 3 {
+        let chunk = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("--watch redraws");
+        seen.extend(chunk);
+    }
+    let text = String::from_utf8_lossy(&seen);
+    let second = text.split("\x1b[H\x1b[2J").nth(2).unwrap();
+    assert!(second.contains("3/3 members up"), "{text}");
+    assert!(second.contains("Ctrl-C to stop"), "{text}");
 }
 
 fn node_runs_from_a_config_file_and_flags_override_it() {
