@@ -42,6 +42,10 @@ fn main() {
                 Ok(())
             },
         ),
+        Trial::test(stringify!(status_reads_a_node_with_a_rescue_driver), || {
+            status_reads_a_node_with_a_rescue_driver();
+            Ok(())
+        }),
         Trial::test(stringify!(bad_input_gives_clear_errors), || {
             bad_input_gives_clear_errors();
             Ok(())
@@ -592,6 +596,86 @@ fn node_runs_from_a_config_file_and_flags_override_it() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(body.ends_with(b"hi there"));
+    assert!(term(&mut run.0).success());
+}
+
+/// A node outside a cluster with `[rescue.peering]`, from a config file: `switchyard status`
+/// with the same file reads its `[node] admin`, tells the kind, and prints the site's rescue
+/// line; `--json` has the rescue status and the dashboard's rescue part.
+fn status_reads_a_node_with_a_rescue_driver() {
+    let free_port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("hello.txt"), b"hi there").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = switchyard_rescue_driver::testcerts::TestCa::new("peers");
+    let (cert, key, ca_path) = ca.write_identity("site.test", dir.path()).unwrap();
+    let (web, admin, peering, peer) = (free_port(), free_port(), free_port(), free_port());
+    let cfg = dir.path().join("sy.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[log]\nlevel = \"warn\"\n\
+             [node]\nlisten = \"127.0.0.1:{web}\"\nadmin = \"127.0.0.1:{admin}\"\nroot = {:?}\n\
+             [rescue]\nserver_name = \"site.test\"\nweb_ip = \"127.0.0.1\"\nweb_port = {web}\n\
+             bandwidth_kbps = 1000\n\
+             [rescue.peering]\nlisten = \"127.0.0.1:{peering}\"\ncert = {:?}\nkey = {:?}\nca = {:?}\n\
+             peers = [{{ name = \"rescue.test\", addr = \"127.0.0.1:{peer}\" }}]\n",
+            root.path(),
+            cert,
+            key,
+            ca_path
+        ),
+    )
+    .unwrap();
+    let mut run = Running(
+        bin()
+            .args(["--config", cfg.to_str().unwrap(), "node"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let t = Instant::now();
+    while TcpStream::connect(("127.0.0.1", admin)).is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the node's admin listener did not come up"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = bin()
+        .args(["--config", cfg.to_str().unwrap(), "status"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.starts_with(&format!("node 127.0.0.1:{admin}: outside a cluster")),
+        "{text}"
+    );
+    assert!(
+        text.contains("rescue site.test: normal, d_out 0.0 of "),
+        "{text}"
+    );
+    let out = bin()
+        .args(["--config", cfg.to_str().unwrap(), "status", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["kind"], "node");
+    assert_eq!(j["status"]["rescue"]["server_name"], "site.test");
+    assert_eq!(j["status"]["rescue"]["peers"][0]["name"], "rescue.test");
     assert!(term(&mut run.0).success());
 }
 
