@@ -25,6 +25,9 @@ pub struct ClusterStatus {
     pub fallbacks: BTreeMap<String, u64>,
     /// Hot-object replication; `None` when it is off.
     pub replication: Option<ReplicationStatus>,
+    /// This member's flash-crowd rescue, with `[rescue.peering]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rescue: Option<crate::status::RescueStatus>,
 }
 
 /// One member, as this node sees it.

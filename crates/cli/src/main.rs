@@ -83,7 +83,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Node(args) => node_cmd::run(args, &file, cli.config.as_deref()),
         Command::Switch(args) => switch_cmd::run(args, &file, cli.config.as_deref()),
         Command::Demo(args) => demo::run(args),
-        Command::Status(args) => status_cmd::run(args, file.switch.as_ref().and_then(|s| s.admin)),
+        Command::Status(args) => status_cmd::run(
+            args,
+            file.switch
+                .as_ref()
+                .and_then(|s| s.admin)
+                .or(file.node.as_ref().and_then(|n| n.admin)),
+        ),
         Command::Trace(cmd) => {
             let mut out = std::io::stdout().lock();
             switchyard_trace::cli::run(&cmd, &mut out)?;

@@ -42,6 +42,10 @@ fn main() {
                 Ok(())
             },
         ),
+        Trial::test(stringify!(status_reads_a_node_with_a_rescue_driver), || {
+            status_reads_a_node_with_a_rescue_driver();
+            Ok(())
+        }),
         Trial::test(stringify!(bad_input_gives_clear_errors), || {
             bad_input_gives_clear_errors();
             Ok(())
@@ -244,6 +248,11 @@ fn cooperative_demo_moves_requests_to_their_owners_unprivileged(root: bool) {
         sum("switchyard_node_clones_out_total") >= 1.0,
         "some of twenty pages belong to other nodes than the entry"
     );
+    let admin = dashboard
+        .strip_prefix("http://")
+        .and_then(|a| a.strip_suffix('/'))
+        .expect("the dashboard's URL is http://ADDR/");
+    status_reads_a_cooperative_member(admin);
     let status = term(&mut run.0);
     assert!(status.success(), "{status:?}");
 }
@@ -463,6 +472,84 @@ fn status_reads_the_running_switch(admin: &str, metrics: &str) {
     );
 }
 
+/// `switchyard status` against a running cooperative member (its admin listener at `admin`):
+/// the whole cluster's table as that member sees it, `--json`, and `--watch`.
+fn status_reads_a_cooperative_member(admin: &str) {
+    let out = bin().args(["status", "--admin", admin]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].starts_with(&format!("cooperative member n1 at {admin}: policy")),
+        "{text}"
+    );
+    assert!(lines[0].contains("3/3 members up"), "{text}");
+    assert!(
+        lines[1].starts_with("member") && lines[1].contains("clones/s"),
+        "{text}"
+    );
+    for (i, l) in lines[2..5].iter().enumerate() {
+        let cells: Vec<&str> = l.split_whitespace().collect();
+        assert_eq!(cells[0], format!("n{}", i + 1), "{text}");
+        assert!(cells.contains(&"UP"), "{text}");
+    }
+    assert!(lines[2].starts_with("n1 (this)"), "{text}");
+    assert!(lines[5].starts_with("total"), "{text}");
+    // A single reading waits for a fresh update: the rates are there.
+    assert!(!text.contains("no rates yet"), "{text}");
+    // The total line sums this member's counts: routed, clones, hand-backs, lost.
+    let total: Vec<&str> = lines[5].split_whitespace().collect();
+    for cell in &total[total.len() - 4..] {
+        assert!(cell.parse::<u64>().is_ok(), "{text}");
+    }
+
+    let out = bin()
+        .args(["status", "--admin", admin, "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["kind"], "cooperative");
+    assert_eq!(j["status"]["members"].as_array().unwrap().len(), 3, "{j}");
+    assert_eq!(j["dashboard"]["meta"]["kind"], "cooperative", "{j}");
+    assert_eq!(j["dashboard"]["update"]["n"].as_array().unwrap().len(), 3);
+
+    let mut watch = Running(
+        bin()
+            .args(["status", "--admin", admin, "--watch", "--interval", "0.2"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = watch.0.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = out.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                return;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let clear = b"\x1b[H\x1b[2J";
+    let frames = |s: &[u8]| s.windows(clear.len()).filter(|w| w == clear).count();
+    while frames(&seen) < 3 {
+        let chunk = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("--watch redraws");
+        seen.extend(chunk);
+    }
+    let text = String::from_utf8_lossy(&seen);
+    let second = text.split("\x1b[H\x1b[2J").nth(2).unwrap();
+    assert!(second.contains("3/3 members up"), "{text}");
+    assert!(second.contains("Ctrl-C to stop"), "{text}");
+}
+
 fn node_runs_from_a_config_file_and_flags_override_it() {
     let root = tempfile::tempdir().unwrap();
     std::fs::write(root.path().join("hello.txt"), b"hi there").unwrap();
@@ -509,6 +596,86 @@ fn node_runs_from_a_config_file_and_flags_override_it() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(body.ends_with(b"hi there"));
+    assert!(term(&mut run.0).success());
+}
+
+/// A node outside a cluster with `[rescue.peering]`, from a config file: `switchyard status`
+/// with the same file reads its `[node] admin`, tells the kind, and prints the site's rescue
+/// line; `--json` has the rescue status and the dashboard's rescue part.
+fn status_reads_a_node_with_a_rescue_driver() {
+    let free_port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("hello.txt"), b"hi there").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = switchyard_rescue_driver::testcerts::TestCa::new("peers");
+    let (cert, key, ca_path) = ca.write_identity("site.test", dir.path()).unwrap();
+    let (web, admin, peering, peer) = (free_port(), free_port(), free_port(), free_port());
+    let cfg = dir.path().join("sy.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[log]\nlevel = \"warn\"\n\
+             [node]\nlisten = \"127.0.0.1:{web}\"\nadmin = \"127.0.0.1:{admin}\"\nroot = {:?}\n\
+             [rescue]\nserver_name = \"site.test\"\nweb_ip = \"127.0.0.1\"\nweb_port = {web}\n\
+             bandwidth_kbps = 1000\n\
+             [rescue.peering]\nlisten = \"127.0.0.1:{peering}\"\ncert = {:?}\nkey = {:?}\nca = {:?}\n\
+             peers = [{{ name = \"rescue.test\", addr = \"127.0.0.1:{peer}\" }}]\n",
+            root.path(),
+            cert,
+            key,
+            ca_path
+        ),
+    )
+    .unwrap();
+    let mut run = Running(
+        bin()
+            .args(["--config", cfg.to_str().unwrap(), "node"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let t = Instant::now();
+    while TcpStream::connect(("127.0.0.1", admin)).is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the node's admin listener did not come up"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = bin()
+        .args(["--config", cfg.to_str().unwrap(), "status"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.starts_with(&format!("node 127.0.0.1:{admin}: outside a cluster")),
+        "{text}"
+    );
+    assert!(
+        text.contains("rescue site.test: normal, d_out 0.0 of "),
+        "{text}"
+    );
+    let out = bin()
+        .args(["--config", cfg.to_str().unwrap(), "status", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["kind"], "node");
+    assert_eq!(j["status"]["rescue"]["server_name"], "site.test");
+    assert_eq!(j["status"]["rescue"]["peers"][0]["name"], "rescue.test");
     assert!(term(&mut run.0).success());
 }
 

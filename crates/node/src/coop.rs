@@ -423,6 +423,7 @@ impl Cluster {
                 .map(|(l, n)| (l.to_owned(), n))
                 .collect(),
             replication: self.replication.as_ref().map(|r| r.status()),
+            rescue: None,
         }
     }
 

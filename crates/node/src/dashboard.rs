@@ -14,6 +14,10 @@
 //! state about who watches it, a fetch that fails loses nothing (the next one carries the
 //! counts), a member that restarts is picked up on the next round, and the cost is paid only
 //! while a person or script watches: one small GET per peer per second.
+//!
+//! With `[rescue.peering]` each update carries the site's rescue state from this member's
+//! driver. A node outside a cluster that runs a rescue driver serves the same page about
+//! itself alone ([`run_alone`], kind [`ALONE`]): its own figures and its site's rescue.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -24,7 +28,8 @@ use std::time::{Duration, Instant};
 use switchyard_admin::cluster::MemberSample;
 use switchyard_admin::dashboard::coop::{cluster_sample, MemberView};
 use switchyard_admin::dashboard::feed::Publisher;
-use switchyard_admin::dashboard::{Sampler, COOPERATIVE};
+use switchyard_admin::dashboard::{ClusterSample, LatencyCounts, NodeSample, Sampler, COOPERATIVE};
+use switchyard_rescue_driver::StatusSource;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
@@ -78,6 +83,7 @@ pub(crate) async fn run(
     members: Arc<Membership>,
     metrics: Arc<NodeMetrics>,
     store: Arc<Store>,
+    rescue: Option<StatusSource>,
     mut publisher: Publisher,
     asked: Arc<AtomicBool>,
     mut stop: watch::Receiver<bool>,
@@ -142,13 +148,77 @@ pub(crate) async fn run(
                 }
             })
             .collect();
-        let sample = cluster_sample(
+        let mut sample = cluster_sample(
             origin.elapsed(),
             members.generation(),
             c.policy_name(),
             &views,
             c.me(),
         );
+        sample.rescue = rescue.as_ref().and_then(StatusSource::status);
+        publisher.publish(&sampler.step(&sample));
+    }
+}
+
+/// The kind of a node's feed about itself alone.
+pub(crate) const ALONE: &str = "node";
+
+/// A node outside a cluster as the dashboard's sampler takes it: its own counters as the one
+/// row, its rescue driver's state as the rescue part.
+pub(crate) fn alone_sample(
+    at: Duration,
+    name: &str,
+    metrics: &NodeMetrics,
+    store: &Store,
+    rescue: &StatusSource,
+) -> ClusterSample {
+    let cache = store.cache_stats();
+    let connections = metrics.connections_active.load(Relaxed);
+    let latency: LatencyCounts = metrics.latency.snapshot();
+    ClusterSample {
+        at,
+        generation: 1,
+        policy: "none".to_owned(),
+        mechanism: "direct".to_owned(),
+        connections,
+        queue: 0,
+        fallbacks: Default::default(),
+        targets_mapped: 0,
+        replicas: 0,
+        hot: Vec::new(),
+        nodes: vec![NodeSample {
+            requests: metrics.responses(),
+            bytes: metrics.bytes_out.load(Relaxed),
+            in_flight: connections,
+            connections: Some(connections),
+            cache_reported: cache.hits + cache.misses,
+            hits: cache.hits,
+            latency,
+            ..NodeSample::new(name)
+        }],
+        rescue: rescue.status(),
+    }
+}
+
+/// A node alone: sample and publish every [`INTERVAL`] until `stop` turns true.
+pub(crate) async fn run_alone(
+    name: String,
+    metrics: Arc<NodeMetrics>,
+    store: Arc<Store>,
+    rescue: StatusSource,
+    mut publisher: Publisher,
+    mut stop: watch::Receiver<bool>,
+) {
+    let origin = Instant::now();
+    let mut sampler = Sampler::new(ALONE, INTERVAL, LATENCY_WINDOW);
+    let mut tick = tokio::time::interval(INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => if *stop.borrow() { return },
+        }
+        let sample = alone_sample(origin.elapsed(), &name, &metrics, &store, &rescue);
         publisher.publish(&sampler.step(&sample));
     }
 }

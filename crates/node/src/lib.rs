@@ -377,14 +377,47 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
                     );
                 }
             }
+            let rescue_src = driver.as_ref().map(|d| d.status_source());
+            if let (None, Some(src)) = (&cluster, &rescue_src) {
+                // A node alone with a rescue driver: a dashboard of itself and its site's
+                // rescue.
+                let (publisher, feed) = switchyard_admin::dashboard::feed::channel(
+                    dashboard::VIEWERS,
+                    dashboard::HISTORY,
+                );
+                let latest = feed.clone();
+                admin = admin
+                    .route("/", Arc::new(switchyard_admin::dashboard::page))
+                    .route(
+                        "/dashboard.json",
+                        Arc::new(move || switchyard_admin::Page {
+                            content_type: "application/json",
+                            body: latest.latest_json().into_bytes(),
+                        }),
+                    )
+                    .events("/events", feed);
+                tasks.push(tokio::spawn(dashboard::run_alone(
+                    addr.to_string(),
+                    metrics.clone(),
+                    store.clone(),
+                    src.clone(),
+                    publisher,
+                    stop_rx.clone(),
+                )));
+            }
             if let Some(c) = cluster.clone() {
-                // The cluster as this member sees it.
+                // The cluster as this member sees it, and its site's rescue.
                 let status = c.clone();
+                let src = rescue_src.clone();
                 admin = admin.route(
                     "/status.json",
-                    Arc::new(move || switchyard_admin::Page {
-                        content_type: "application/json",
-                        body: serde_json::to_vec(&status.current().status()).unwrap_or_default(),
+                    Arc::new(move || {
+                        let mut st = status.current().status();
+                        st.rescue = src.as_ref().and_then(|s| s.status());
+                        switchyard_admin::Page {
+                            content_type: "application/json",
+                            body: serde_json::to_vec(&st).unwrap_or_default(),
+                        }
                     }),
                 );
                 // The whole cluster's dashboard, and this member's figures for the others'.
@@ -420,6 +453,7 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
                     c,
                     metrics.clone(),
                     store.clone(),
+                    rescue_src,
                     publisher,
                     asked,
                     stop_rx.clone(),

@@ -2,7 +2,8 @@
 //! the page and a stream of updates for the whole cluster, built from every member's
 //! `/member.json`; traffic entering one member shows as requests, clones and hand-backs of
 //! the others; a member whose admin listener never answers is shown down without holding up
-//! the updates; a member killed is shown down.
+//! the updates; a member killed is shown down. A member with a rescue driver shows its site's
+//! rescue.
 
 mod common;
 
@@ -203,4 +204,94 @@ fn any_member_shows_the_whole_cluster_and_members_that_do_not_answer_as_down() {
         .expect("the killed member shows down within 5 updates");
     assert!(u.n[0].up && u.n[1].up);
     drop(silent);
+}
+
+/// A cooperative member with `[rescue.peering]`: its `/status.json` has its site's rescue
+/// status and its dashboard's updates the rescue part (the site's name and peers in the
+/// meta); a member without it has neither.
+#[test]
+fn a_member_with_a_rescue_driver_shows_its_site_s_rescue() {
+    use switchyard_node::RescueConfig;
+    use switchyard_rescue::{PeerConfig, PeeringConfig};
+    use switchyard_rescue_driver::testcerts::TestCa;
+
+    let free_port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let sockets = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("peers");
+    let members: Vec<Member> = (0..2)
+        .map(|i| Member {
+            name: format!("n{i}"),
+            control: ControlAddr::Unix(sockets.path().join(format!("n{i}.sock"))),
+        })
+        .collect();
+    let (cert, key, ca_path) = ca.write_identity("site.test", sockets.path()).unwrap();
+    let web = free_port();
+    let mut rescue = RescueConfig::new("site.test", [127, 0, 0, 1].into(), web, 1000.0);
+    rescue.d_out_kbps = Some(300.0);
+    rescue.peering = Some(PeeringConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], free_port())),
+        cert,
+        key,
+        ca: ca_path,
+        // A peer that is not running: the site stays normal.
+        peers: vec![PeerConfig {
+            name: "rescue.test".into(),
+            addr: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            d_free_kbps: None,
+            domain: None,
+        }],
+    });
+    let mut rescue = Some(rescue);
+    let nodes: Vec<TestNode> = (0..2)
+        .map(|i| {
+            TestNode::start(
+                |root| write(root, "t.txt", b"t"),
+                |c| {
+                    c.workers = 2;
+                    c.cluster = Some(ClusterConfig::new(format!("n{i}"), members.clone()));
+                    if i == 0 {
+                        c.listen = SocketAddr::from(([127, 0, 0, 1], web));
+                        c.rescue = rescue.take();
+                    }
+                },
+            )
+        })
+        .collect();
+    for n in &nodes {
+        assert!(n.rt.block_on(n.node.as_ref().unwrap().wait_for_peers(WAIT)));
+    }
+
+    let (status, body) = get(nodes[0].admin(), "/status.json");
+    assert_eq!(status, 200);
+    let s: switchyard_admin::cluster::ClusterStatus = serde_json::from_slice(&body).unwrap();
+    assert_eq!(s.members.len(), 2);
+    let r = s.rescue.expect("the member's rescue status");
+    assert_eq!(
+        (r.server_name.as_str(), r.state.as_str()),
+        ("site.test", "normal")
+    );
+    let (_, body) = get(nodes[1].admin(), "/status.json");
+    let s: switchyard_admin::cluster::ClusterStatus = serde_json::from_slice(&body).unwrap();
+    assert_eq!(s.rescue, None, "no driver, no rescue status");
+
+    let mut with = Stream::open(nodes[0].admin());
+    let meta = with.meta();
+    let site = meta.site.expect("the site in the meta");
+    assert_eq!(site.name, "site.test");
+    assert_eq!(site.max.0, 300.0);
+    assert_eq!(site.peers, ["rescue.test"]);
+    let u = with.update();
+    let r = u.r.expect("the rescue part");
+    assert_eq!(r.st, "normal");
+    assert!(r.rs.is_empty() && r.os.is_empty());
+
+    let mut without = Stream::open(nodes[1].admin());
+    assert_eq!(without.meta().site, None);
+    assert_eq!(without.update().r, None);
 }

@@ -2,6 +2,7 @@
 //! ([`sample`]), turns them into an update with the pure [`Sampler`] of `switchyard-admin` and
 //! publishes it to the page's viewers (`/events`), to `/dashboard.json` and to
 //! `switchyard status`. Viewers never touch the switch's state: each update is built once.
+//! With `[rescue.peering]` each update carries the site's rescue state from the driver.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -72,6 +73,7 @@ pub(crate) fn sample(shared: &Shared) -> ClusterSample {
         replicas: stats.replicas,
         hot,
         nodes,
+        rescue: shared.rescue.as_ref().map(|r| r.driver.status()),
     }
 }
 

@@ -526,3 +526,169 @@ fn cooperative_dashboard_in_a_real_browser() {
     rt.block_on(browser.close()).unwrap();
     drop(driver);
 }
+
+/// A site's flash-crowd rescue on the switch's page: the rescue part shows the site normal,
+/// then a crowd above its D_out (from an address that is not the rescue server's) makes it
+/// ask a rescue server for help, and the page shows it rescued by the rescue server's
+/// virtual host, with the redirect rate.
+#[test]
+fn rescue_state_in_a_real_browser() {
+    use switchyard_rescue::{PeerConfig, PeeringConfig, RescueConfig};
+    use switchyard_rescue_driver::testcerts::TestCa;
+
+    let _one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    let free_port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("peers");
+    let table = |name: &str, web: u16, peering: u16, peer: PeerConfig| {
+        let (cert, key, ca_path) = ca.write_identity(name, dir.path()).unwrap();
+        let mut r = RescueConfig::new(name, [127, 0, 0, 1].into(), web, 1000.0);
+        r.control_interval_ms = 200;
+        r.n_low = 5;
+        r.retry_refused_intervals = 100_000;
+        r.peering = Some(PeeringConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], peering)),
+            cert,
+            key,
+            ca: ca_path,
+            peers: vec![peer],
+        });
+        r
+    };
+    let (sw_web, sw_peer, r_web, r_peer) = (free_port(), free_port(), free_port(), free_port());
+    let backend = TestNode::start(
+        |r| {
+            for i in 0..20 {
+                write(r, &format!("f{i}.html"), &vec![b'a'; 6000]);
+            }
+        },
+        |_| {},
+    );
+    let mut rescue_cfg = table(
+        "rescue.test",
+        r_web,
+        r_peer,
+        PeerConfig {
+            name: "site.test".into(),
+            addr: SocketAddr::from(([127, 0, 0, 1], sw_peer)),
+            d_free_kbps: None,
+            domain: None,
+        },
+    );
+    rescue_cfg.d_out_kbps = Some(4000.0);
+    rescue_cfg.max_grant_kbps = Some(100.0);
+    let _rescue = TestNode::start_on(
+        SocketAddr::from(([127, 0, 0, 1], r_web)),
+        |r| write(r, "own.html", b"own"),
+        |c| c.rescue = Some(rescue_cfg),
+    );
+    let mut site_cfg = table(
+        "site.test",
+        sw_web,
+        sw_peer,
+        PeerConfig {
+            name: "rescue.test".into(),
+            addr: SocketAddr::from(([127, 0, 0, 1], r_peer)),
+            d_free_kbps: Some(2000.0),
+            domain: None,
+        },
+    );
+    site_cfg.d_out_kbps = Some(200.0);
+    let sw = TestSwitch::start(&[backend.addr], |c| {
+        c.listen = SocketAddr::from(([127, 0, 0, 1], sw_web));
+        c.rescue = Some(site_cfg);
+    });
+    let admin = sw.sw().admin_addr().unwrap();
+    let driver = Driver::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let browser = session(&rt, &driver);
+    rt.block_on(async {
+        browser.goto(&format!("http://{admin}/")).await.unwrap();
+        let shown = within(Duration::from_secs(5), || async {
+            text(&browser, "#status").await == "live"
+                && text_if_any(&browser, "#rescue-state").await.as_deref() == Some("normal")
+        })
+        .await;
+        assert!(
+            shown.is_some(),
+            "rescue state: {:?}",
+            text_if_any(&browser, "#rescue-state").await
+        );
+        assert_eq!(text(&browser, "#rescue-name").await, "site.test");
+        assert!(
+            text(&browser, "#rescue-rates")
+                .await
+                .contains("of 200 kB/s"),
+            "{}",
+            text(&browser, "#rescue-rates").await
+        );
+    });
+
+    // The crowd: 60 requests/s for 6 kB files from 127.0.0.5, about 370 kB/s against D_out
+    // 200 kB/s; redirected clients do not follow (the rescue server's side is tested in
+    // tests/rescue.rs). Bounded: 40 s at most.
+    let crowd_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let site = sw.addr;
+    let crowd = crowd_rt.spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut tick = tokio::time::interval(Duration::from_millis(1000 / 60));
+        for n in 0usize..60 * 40 {
+            tick.tick().await;
+            tokio::spawn(async move {
+                let sock = tokio::net::TcpSocket::new_v4().unwrap();
+                sock.bind(SocketAddr::from(([127, 0, 0, 5], 0))).unwrap();
+                if let Ok(mut s) = sock.connect(site).await {
+                    let req = format!(
+                        "GET /f{}.html HTTP/1.1\r\nHost: site.test\r\nConnection: close\r\n\r\n",
+                        n % 20
+                    );
+                    let _ = s.write_all(req.as_bytes()).await;
+                    let _ = s.read_to_end(&mut Vec::new()).await;
+                }
+            });
+        }
+    });
+    rt.block_on(async {
+        let rescued = within(Duration::from_secs(30), || async {
+            text_if_any(&browser, "#rescue-state").await.as_deref() == Some("SOS: rescued")
+                && text(&browser, "#rescue-rels")
+                    .await
+                    .contains("rescue-vh1.test")
+        })
+        .await;
+        assert!(
+            rescued.is_some(),
+            "state {:?}, relationships {:?}, driver {:?}",
+            text_if_any(&browser, "#rescue-state").await,
+            text_if_any(&browser, "#rescue-rels").await,
+            sw.sw().rescue_driver().map(|d| d.status().state)
+        );
+        let rels = text(&browser, "#rescue-rels").await;
+        assert!(
+            rels.contains("rescued by") && rels.contains("rescue.test"),
+            "{rels}"
+        );
+    });
+    crowd.abort();
+    let png = rt.block_on(browser.screenshot()).unwrap();
+    assert!(png.starts_with(b"\x89PNG"));
+    let target = workspace_dir().join("target");
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::write(target.join("dashboard-rescue.png"), &png).unwrap();
+    assert_no_console_errors(&rt, &browser);
+    rt.block_on(browser.close()).unwrap();
+    drop(driver);
+}

@@ -5,6 +5,10 @@
 //!
 //! The cluster's link is not shaped: only D_out is set (200 kB/s), as in the paper's
 //! experiments. Waits follow the drivers' change notifications, bounded by a deadline.
+//!
+//! The dashboards follow the rescue: the switch's update stream (`/events`) and the rescue
+//! server's (a node outside a cluster with a driver serves a page about itself) carry each
+//! site's state and relationships.
 
 mod common;
 
@@ -14,12 +18,79 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{TestNode, TestSwitch};
+use switchyard_admin::dashboard::{Meta, RescueBrief, RescueSite, Update};
 use switchyard_admin::status::RescueStatus;
 use switchyard_rescue::{PeerConfig, PeeringConfig, RescueConfig};
 use switchyard_rescue_driver::testcerts::TestCa;
 use switchyard_rescue_driver::Driver;
 use switchyard_switch::config::Mechanism;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A viewer of a dashboard's `/events`: reads one update at a time, and keeps the site's
+/// rescue part of the last meta event.
+struct Viewer {
+    lines: std::io::BufReader<std::net::TcpStream>,
+    site: Option<RescueSite>,
+}
+
+impl Viewer {
+    fn open(admin: SocketAddr) -> Viewer {
+        use std::io::{BufRead, Write};
+        let mut s = std::net::TcpStream::connect(admin).unwrap();
+        // Updates come every second: a read waiting longer than this means none came.
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(b"GET /events HTTP/1.1\r\nHost: t\r\nAccept: text/event-stream\r\n\r\n")
+            .unwrap();
+        let mut r = std::io::BufReader::new(s);
+        let mut l = String::new();
+        r.read_line(&mut l).unwrap();
+        assert!(l.starts_with("HTTP/1.1 200"), "{l}");
+        Viewer {
+            lines: r,
+            site: None,
+        }
+    }
+
+    /// The next `update` event (the meta and the kept history's updates come first).
+    fn update(&mut self) -> Update {
+        use std::io::BufRead;
+        let (mut name, mut data) = (String::new(), String::new());
+        loop {
+            let mut l = String::new();
+            let n = self.lines.read_line(&mut l).expect("an event within 5 s");
+            assert!(n > 0, "the stream ended");
+            let l = l.trim_end_matches(['\r', '\n']);
+            if l.is_empty() {
+                if name == "update" && !data.is_empty() {
+                    assert!(data.len() < 4096, "{} bytes", data.len());
+                    return serde_json::from_str(&data).unwrap();
+                }
+                if name == "meta" && !data.is_empty() {
+                    self.site = serde_json::from_str::<Meta>(&data).unwrap().site;
+                }
+                data.clear();
+                continue;
+            }
+            if let Some(v) = l.strip_prefix("event: ") {
+                v.clone_into(&mut name);
+            } else if let Some(v) = l.strip_prefix("data: ") {
+                data.push_str(v);
+            }
+        }
+    }
+
+    /// Updates until one's rescue part satisfies `f`, for at most `limit` updates.
+    fn until(&mut self, what: &str, limit: usize, f: impl Fn(&RescueBrief) -> bool) -> RescueBrief {
+        let mut last = None;
+        for _ in 0..limit {
+            match self.update().r {
+                Some(r) if f(&r) => return r,
+                r => last = r,
+            }
+        }
+        panic!("{what}: not in {limit} updates; the last rescue part: {last:?}");
+    }
+}
 
 const FILES: usize = 20;
 const FILE_BYTES: usize = 6000;
@@ -172,7 +243,10 @@ fn a_cluster_behind_a_switch_is_rescued_and_released() {
     let rescue = TestNode::start_on(
         SocketAddr::from(([127, 0, 0, 1], r_web)),
         |r| common::write(r, "own.html", b"own"),
-        |c| c.rescue = Some(rescue_cfg),
+        |c| {
+            c.rescue = Some(rescue_cfg);
+            c.admin = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+        },
     );
     let mut site_cfg = rescue_table(
         "site.test",
@@ -194,6 +268,25 @@ fn a_cluster_behind_a_switch_is_rescued_and_released() {
     });
     let site = sw.sw().rescue_driver().expect("the switch runs the driver");
     let rescuer = rescue.node.as_ref().unwrap().rescue_driver().unwrap();
+    // Both dashboards show each site's rescue state before the crowd: normal.
+    let mut site_view = Viewer::open(sw.sw().admin_addr().unwrap());
+    let r = site_view.until("the site's rescue part", 3, |_| true);
+    assert_eq!(r.st, "normal");
+    let site_meta = site_view.site.clone().expect("the site in the meta");
+    assert_eq!(site_meta.name, "site.test");
+    assert_eq!(site_meta.max.0, 200.0, "D_out in kB/s");
+    assert_eq!(site_meta.peers, ["rescue.test"]);
+    let mut rescue_view = Viewer::open(rescue.node.as_ref().unwrap().admin_addr().unwrap());
+    let r = rescue_view.until("the rescue server's rescue part", 3, |_| true);
+    assert_eq!(r.st, "normal");
+    let rescue_meta = rescue_view
+        .site
+        .clone()
+        .expect("the rescue server in the meta");
+    assert_eq!(
+        (rescue_meta.name.as_str(), rescue_meta.peers.as_slice()),
+        ("rescue.test", &["site.test".to_owned()][..])
+    );
 
     // The crowd: 60 requests/s for 6 kB files, about 370 kB/s against D_out 200 kB/s.
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -230,6 +323,29 @@ fn a_cluster_behind_a_switch_is_rescued_and_released() {
         s.totals.requests_rescued >= 60
     });
     assert_eq!(rs.origins[0].fqdn, "site.test");
+    // The switch's update stream shows the site rescued by the rescue server's virtual host,
+    // and the redirects; the rescue server's shows it rescuing the site.
+    let r = site_view.until("the site in SOS on its dashboard", 60, |r| {
+        r.st == "sos" && !r.rs.is_empty() && r.rr.0 > 0.0
+    });
+    assert_eq!(
+        (
+            site_meta.peers[r.rs[0].0 as usize].as_str(),
+            r.rs[0].1.as_str()
+        ),
+        ("rescue.test", "rescue-vh1.test")
+    );
+    assert!(r.rs[0].2 .0 > 0.0, "D_redi granted: {r:?}");
+    let r = rescue_view.until("the rescue server rescuing on its dashboard", 60, |r| {
+        r.st == "rescue" && !r.os.is_empty()
+    });
+    assert_eq!(
+        (
+            rescue_meta.peers[r.os[0].0 as usize].as_str(),
+            r.os[0].1.as_str()
+        ),
+        ("site.test", rs.origins[0].alias.as_str())
+    );
     // The rescue server fetched through the switch (its requests are never redirected) from
     // the node behind it.
     let proxy = rescue.node.as_ref().unwrap().rescue().unwrap().stats();
@@ -249,6 +365,9 @@ fn a_cluster_behind_a_switch_is_rescued_and_released() {
     assert_eq!(s.totals.connections_lost, 0);
     wait_status(&rt, &rescuer, "the rescue server back to normal", |s| {
         s.state == "normal" && s.origins.is_empty()
+    });
+    site_view.until("the site back to normal on its dashboard", 60, |r| {
+        r.st == "normal" && r.rs.is_empty()
     });
     // The switch never rescues others: it advertises no free capacity.
     assert_eq!(s.d_free, 0.0);

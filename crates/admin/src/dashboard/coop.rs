@@ -113,6 +113,7 @@ pub fn cluster_sample(
         replicas: own.map_or(0, |s| s.map_replicas),
         hot,
         nodes,
+        rescue: None,
     }
 }
 

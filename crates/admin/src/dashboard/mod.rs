@@ -9,12 +9,15 @@
 //!
 //! An update is kept small (under 4 KB with 64 nodes): node names travel only in the meta
 //! event, each node is one JSON array whose columns the meta names ([`COLUMNS`]), and numbers
-//! carry three significant digits ([`Num`]).
+//! carry three significant digits ([`Num`]). A site in flash-crowd rescue adds one small
+//! part, [`RescueBrief`]: its state and relationships (its name and peers travel in the meta,
+//! [`RescueSite`]).
 
 pub mod coop;
 pub mod feed;
 pub mod hot;
 pub mod latency;
+pub mod rescue;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -25,6 +28,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use crate::Page;
 pub use hot::{HotCount, HotTargets};
 pub use latency::{LatencyCounts, LatencyHistogram};
+pub use rescue::{RescueBrief, RescueSite};
 
 /// The dashboard page: HTML, CSS and JavaScript in one file, no external resources.
 pub const PAGE_HTML: &str = include_str!("../../assets/dashboard.html");
@@ -202,6 +206,8 @@ pub struct ClusterSample {
     pub hot: Vec<HotCount>,
     /// The nodes, in the order of the configuration.
     pub nodes: Vec<NodeSample>,
+    /// The site's rescue state, with `[rescue.peering]`.
+    pub rescue: Option<crate::status::RescueStatus>,
 }
 
 /// A number sent with three significant digits, as an integer when it is one (`5120`, `1.23`,
@@ -261,6 +267,9 @@ pub struct Meta {
     pub cols: Vec<String>,
     /// The node names, in row order.
     pub nodes: Vec<String>,
+    /// The site's rescue, with `[rescue.peering]`: its name, D_out and peers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site: Option<RescueSite>,
 }
 
 /// The whole cluster's totals in an update.
@@ -444,6 +453,9 @@ pub struct Update {
     pub map: MapSummary,
     /// The nodes, in the order of the meta's `nodes`.
     pub n: Vec<NodeRow>,
+    /// The site's rescue state and relationships, with `[rescue.peering]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub r: Option<RescueBrief>,
 }
 
 /// What [`Sampler::step`] produces.
@@ -525,6 +537,7 @@ impl Sampler {
                 .map(|c| (*c).to_owned())
                 .collect(),
             nodes: s.nodes.iter().map(|n| n.name.clone()).collect(),
+            site: s.rescue.as_ref().map(RescueSite::of),
         };
         let meta_changed = self.meta.as_deref() != Some(&meta);
         if meta_changed {
@@ -676,6 +689,7 @@ impl Sampler {
                     hot,
                 },
                 n: rows,
+                r: s.rescue.as_ref().map(RescueBrief::of),
             },
         }
     }
@@ -702,6 +716,7 @@ mod tests {
             replicas: 1,
             hot: Vec::new(),
             nodes,
+            rescue: None,
         }
     }
 
@@ -945,6 +960,19 @@ mod tests {
                     error: 0,
                 })
                 .collect();
+            // A site rescued by as many servers as are listed, every name at the longest kept.
+            let mut r = rescue::tests::status(rescue::LISTED + 2, 0);
+            let long = |s: &str| format!("{s}{}", "y".repeat(rescue::MAX_NAME_BYTES));
+            r.server_name = long(&r.server_name);
+            for e in &mut r.rescuers {
+                e.alias = long(&e.alias);
+                e.d_redi_kbps = 98_765;
+                e.d_redi = 98_765_432.1;
+            }
+            r.d_out = 987_654_321.0;
+            r.d_out_max = 987_654_321.0;
+            r.r_redi = 98_765.4;
+            c.rescue = Some(r);
             c
         };
         s.step(&busy(1));
@@ -959,5 +987,38 @@ mod tests {
         assert_eq!(back.map.hot.len(), HOT_LISTED);
         assert!(!back.n[3].up && back.n[4].up);
         assert_eq!(back.n[0].conns, 9_876);
+        let r = back.r.expect("the rescue part");
+        assert_eq!(
+            (r.st.as_str(), r.rs.len(), r.more),
+            ("sos", rescue::LISTED, 2)
+        );
+        assert_eq!(r.rs[0].1.len(), rescue::MAX_NAME_BYTES);
+        assert_eq!(r.rr, Num(98_800.0));
+    }
+
+    #[test]
+    fn the_rescue_part_comes_only_with_a_rescue_driver() {
+        let mut s = Sampler::new("switch", secs(1.0), secs(5.0));
+        let plain = s.step(&sample(1.0, vec![node("a", 0, 0)])).update;
+        assert_eq!(plain.r, None);
+        let text = serde_json::to_string(&plain).unwrap();
+        assert!(!text.contains("\"r\""), "{text}");
+        let mut with = sample(2.0, vec![node("a", 0, 0)]);
+        with.rescue = Some(rescue::tests::status(1, 0));
+        let st = s.step(&with);
+        assert!(
+            st.meta_changed,
+            "the site's name and peers come in a new meta"
+        );
+        let site = st.meta.site.as_ref().expect("the site in the meta");
+        assert_eq!(
+            (site.name.as_str(), site.max),
+            ("www.origin.test", Num(200.0))
+        );
+        let u = st.update;
+        let r = u.r.as_ref().expect("a rescue part");
+        assert_eq!((r.st.as_str(), r.rs[0].2), ("sos", Num(90.0)));
+        let text = serde_json::to_string(&u).unwrap();
+        assert_eq!(serde_json::from_str::<Update>(&text).unwrap(), u);
     }
 }
