@@ -11,8 +11,9 @@
 //!
 //! Like bench/rescue on loopback, the origin's link is not shaped: only D_out is set, and the
 //! control loop acts on its measured rate. The steps sit well away from the thresholds (0.3,
-//! 0.55, 1.1 and 1.5 × D_out against T_high = 0.75) so a loaded machine does not change the
-//! outcome; the waits are bounded by the steps' durations and status polls with deadlines.
+//! 0.45, 1.1 and 1.5 × D_out against T_alert = 0.5 and T_high = 0.75) so a loaded machine
+//! does not change the outcome; the waits are bounded by the steps' durations and status
+//! polls with deadlines.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -212,9 +213,9 @@ fn a_stepped_crowd_is_redirected_from_the_step_past_t_high_and_the_origin_stays_
     assert_eq!((status, got.as_slice()), (200, body.as_slice()));
     let response = value(&auto(oadmin).unwrap(), "TotalBytesServed") - before;
     assert!(response > FILE_BYTES as f64, "{response}");
-    // Rates (requests/s) for 0.3, 0.55, 1.1 and 1.5 × D_out.
+    // Rates (requests/s) for 0.3, 0.45, 1.1 and 1.5 × D_out.
     let per_kbps = 1000.0 / response;
-    let steps: Vec<(f64, f64)> = [0.3, 0.55, 1.1, 1.5]
+    let steps: Vec<(f64, f64)> = [0.3, 0.45, 1.1, 1.5]
         .iter()
         .map(|&f| (f, (f * D_OUT_KBPS * per_kbps).round()))
         .collect();
