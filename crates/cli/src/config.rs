@@ -59,6 +59,20 @@ impl FileConfig {
         Ok(cfg)
     }
 
+    /// On a reload: `[rescue]` is read at start only (its control loop, peering listener and
+    /// virtual hosts live as long as the process), so a file whose table differs from the one
+    /// in force is logged as a warning that names the restart it takes; nothing is silently
+    /// ignored. Returns whether it differs.
+    pub fn note_rescue_change(&self, running: Option<&switchyard_node::RescueConfig>) -> bool {
+        if self.rescue.as_ref() == running {
+            return false;
+        }
+        tracing::warn!(
+            "[rescue] changed in the config file: it takes a restart; the table in force is kept"
+        );
+        true
+    }
+
     /// Read and parse a configuration file.
     pub fn load(path: &Path) -> anyhow::Result<FileConfig> {
         let text = std::fs::read_to_string(path)

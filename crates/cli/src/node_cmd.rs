@@ -94,16 +94,25 @@ fn member(s: &str) -> anyhow::Result<Member> {
 }
 
 /// SIGHUP: apply the config file's `[cluster]` membership to a cooperative node (members and
-/// name given as flags override the file's, as at start).
-fn reload(node: &switchyard_node::RunningNode, args: &NodeArgs, path: Option<&Path>) {
-    if !args.cooperative {
-        tracing::info!("SIGHUP ignored: only a cooperative node's membership can be reloaded; restart to apply other changes");
-        return;
-    }
+/// name given as flags override the file's, as at start). A changed `[rescue]` (`rescue`: the
+/// table in force) takes a restart, and the log says so.
+fn reload(
+    node: &switchyard_node::RunningNode,
+    args: &NodeArgs,
+    path: Option<&Path>,
+    rescue: Option<&switchyard_node::RescueConfig>,
+) {
     let file = match path {
         Some(p) => FileConfig::load(p),
         None => Ok(FileConfig::default()),
     };
+    if let Ok(f) = &file {
+        f.note_rescue_change(rescue);
+    }
+    if !args.cooperative {
+        tracing::info!("SIGHUP: only a cooperative node's membership can be reloaded; restart to apply other changes");
+        return;
+    }
     let applied = file
         .and_then(|f| cluster(args, &f))
         .and_then(|c| node.reload_cluster(&c).map_err(anyhow::Error::from));
@@ -217,6 +226,7 @@ pub fn run(args: NodeArgs, file: &FileConfig, path: Option<&Path>) -> anyhow::Re
     if cfg.root.as_os_str().is_empty() {
         anyhow::bail!("no document root: pass --root DIR or set [node] root in the config file");
     }
+    let rescue = cfg.rescue.clone();
     // The node runs its own worker threads; this runtime carries only the
     // admin listener, load reports and signals.
     let rt = runtime::build(1)?;
@@ -248,7 +258,7 @@ pub fn run(args: NodeArgs, file: &FileConfig, path: Option<&Path>) -> anyhow::Re
                     tracing::info!(reason = why, "draining");
                     break;
                 }
-                _ = hup.recv() => reload(&node, &args, path),
+                _ = hup.recv() => reload(&node, &args, path, rescue.as_ref()),
             }
         }
         node.shutdown(Duration::from_secs(args.drain_secs)).await;

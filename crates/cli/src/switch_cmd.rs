@@ -25,10 +25,12 @@ fn config(args: &SwitchArgs, file: &FileConfig) -> SwitchConfig {
 }
 
 /// Run the switch until SIGINT/SIGTERM; SIGHUP re-reads the config file
-/// and reloads it without dropping a connection.
+/// and reloads it without dropping a connection (`[rescue]` takes a restart: a changed table
+/// is logged and the one in force kept).
 pub fn run(args: SwitchArgs, file: &FileConfig, path: Option<&Path>) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let cfg = config(&args, file);
+    let rescue = cfg.rescue.clone();
     // The switch runs its own worker threads; this runtime carries only
     // health checks, load reports, the admin listener and signals.
     runtime::build(1)?.block_on(async {
@@ -56,10 +58,13 @@ pub fn run(args: SwitchArgs, file: &FileConfig, path: Option<&Path>) -> anyhow::
                         None => Ok(FileConfig::default()),
                     };
                     match file {
-                        Ok(f) => match sw.reload(config(&args, &f)).await {
-                            Ok(()) => tracing::info!("configuration reloaded"),
-                            Err(e) => tracing::error!(error = %e, "reload refused"),
-                        },
+                        Ok(f) => {
+                            f.note_rescue_change(rescue.as_ref());
+                            match sw.reload(config(&args, &f)).await {
+                                Ok(()) => tracing::info!("configuration reloaded"),
+                                Err(e) => tracing::error!(error = %e, "reload refused"),
+                            }
+                        }
                         Err(e) => tracing::error!(error = %format!("{e:#}"), "reload refused"),
                     }
                 }

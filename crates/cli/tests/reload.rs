@@ -153,3 +153,87 @@ fn sighup_applies_a_new_membership_and_refuses_a_broken_file() {
         members(admins[0])
     );
 }
+
+/// `[rescue]` takes a restart: a SIGHUP that finds the table unchanged says nothing of it, one
+/// that finds it changed logs a warning naming the restart, and the node serves on.
+#[test]
+fn sighup_logs_that_a_changed_rescue_table_takes_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("a.txt"), b"a").unwrap();
+    let web = free_addr();
+    let admin = free_addr();
+    let file = dir.path().join("node.toml");
+    let text = |bandwidth: u32| {
+        format!(
+            "[log]\nlevel = \"info\"\n[rescue]\nserver_name = \"www.rescue.test\"\nweb_ip = \"127.0.0.1\"\nweb_port = {}\nbandwidth_kbps = {bandwidth}\n",
+            web.port()
+        )
+    };
+    std::fs::write(&file, text(1250)).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .arg("--config")
+        .arg(&file)
+        .args(["node", "--workers", "1", "--listen", &web.to_string()])
+        .arg("--root")
+        .arg(&root)
+        .args(["--admin", &admin.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let node = Running(child);
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for l in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if lines_tx.send(l).is_err() {
+                return;
+            }
+        }
+    });
+    // The lines up to the one containing `until` (None if it does not come in 20 s).
+    let lines_until = |until: &str| {
+        let mut seen = Vec::new();
+        loop {
+            match lines.recv_timeout(Duration::from_secs(20)) {
+                Ok(l) => {
+                    let done = l.contains(until);
+                    seen.push(l);
+                    if done {
+                        return Some(seen);
+                    }
+                }
+                Err(_) => return None,
+            }
+        }
+    };
+    let wait = Duration::from_secs(20);
+    assert!(
+        eventually(wait, || get_once(web, "/a.txt")
+            .is_ok_and(|(s, _)| s == 200)),
+        "the node serves"
+    );
+    let hup = || {
+        // SAFETY: kill(2) on a child this test still holds.
+        assert_eq!(
+            unsafe { libc::kill(node.0.id() as libc::pid_t, libc::SIGHUP) },
+            0
+        );
+    };
+    const DONE: &str = "only a cooperative node's membership can be reloaded";
+    const CHANGED: &str = "[rescue] changed in the config file: it takes a restart";
+    hup();
+    let seen = lines_until(DONE).expect("the reload is logged");
+    assert!(!seen.iter().any(|l| l.contains(CHANGED)), "{seen:?}");
+    std::fs::write(&file, text(2500)).unwrap();
+    hup();
+    let seen = lines_until(DONE).expect("the reload is logged");
+    assert!(seen.iter().any(|l| l.contains(CHANGED)), "{seen:?}");
+    assert_eq!(get_once(web, "/a.txt").unwrap().0, 200, "serving on");
+}

@@ -124,6 +124,15 @@ pub struct LoadArgs {
     #[arg(long, default_value_t = 5)]
     pub max_redirects: u32,
 
+    /// Use ADDR for HOST:PORT instead of resolving it (repeatable), like curl's --resolve:
+    /// for the target and for the hosts redirects lead to. IPv6 addresses in brackets.
+    #[arg(long, value_name = "HOST:PORT:ADDR")]
+    pub resolve: Vec<String>,
+
+    /// Make connections from this local address.
+    #[arg(long, value_name = "IP")]
+    pub local_addr: Option<std::net::IpAddr>,
+
     /// Print the summary as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -199,6 +208,12 @@ pub fn config_from_args(args: &LoadArgs) -> Result<LoadConfig, LoadError> {
         Some(d) => ThinkTime::Fixed(parse_duration(d)?.mul_f64(args.think_scale.max(0.0))),
     };
     cfg.max_redirects = args.max_redirects;
+    cfg.resolve = args
+        .resolve
+        .iter()
+        .map(|r| parse_resolve(r))
+        .collect::<Result<_, _>>()?;
+    cfg.local_addr = args.local_addr;
     cfg.loop_trace = args.loop_trace;
     cfg.request_log = args.request_log.clone();
     cfg.progress = !args.quiet;
@@ -218,6 +233,28 @@ pub fn config_from_args(args: &LoadArgs) -> Result<LoadConfig, LoadError> {
         (None, _) => None,
     };
     Ok(cfg)
+}
+
+/// `HOST:PORT:ADDR` of `--resolve` as (`host:port`, address); ADDR an IPv4 address or an
+/// IPv6 address in brackets.
+fn parse_resolve(s: &str) -> Result<(String, std::net::SocketAddr), LoadError> {
+    let bad = || LoadError::Config(format!("--resolve {s:?}: expected HOST:PORT:ADDR"));
+    let (host, rest) = s.split_once(':').ok_or_else(bad)?;
+    let (port, addr) = rest.split_once(':').ok_or_else(bad)?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    let ip: std::net::IpAddr = addr
+        .strip_prefix('[')
+        .and_then(|a| a.strip_suffix(']'))
+        .unwrap_or(addr)
+        .parse()
+        .map_err(|_| bad())?;
+    if host.is_empty() {
+        return Err(bad());
+    }
+    Ok((
+        format!("{host}:{port}"),
+        std::net::SocketAddr::new(ip, port),
+    ))
 }
 
 fn write_file(path: &Path, data: &str) -> Result<(), LoadError> {
@@ -307,7 +344,47 @@ mod tests {
         assert_eq!(cfg.timeout, Duration::from_secs(7));
         assert_eq!(cfg.duration, Some(Duration::from_secs(10)));
         assert_eq!(cfg.max_redirects, 5);
+        assert!(cfg.resolve.is_empty());
+        assert_eq!(cfg.local_addr, None);
         assert!(cfg.keep_alive);
         assert!(Cmd::try_parse_from(["load", "x", "--sessions"]).is_err());
+    }
+
+    #[test]
+    fn resolve_and_local_address() {
+        let c = Cmd::try_parse_from([
+            "load",
+            "http://site.test:8080/",
+            "--resolve",
+            "site.test:8080:127.0.0.7",
+            "--resolve",
+            "v6.test:80:[::1]",
+            "--local-addr",
+            "127.0.0.5",
+        ])
+        .unwrap();
+        let cfg = config_from_args(&c.load).unwrap();
+        assert_eq!(
+            cfg.resolve,
+            vec![
+                (
+                    "site.test:8080".to_string(),
+                    "127.0.0.7:8080".parse().unwrap()
+                ),
+                ("v6.test:80".to_string(), "[::1]:80".parse().unwrap()),
+            ]
+        );
+        assert_eq!(cfg.local_addr, Some([127, 0, 0, 5].into()));
+        for bad in [
+            "site.test",
+            "site.test:80",
+            "site.test:x:127.0.0.1",
+            ":80:127.0.0.1",
+            "a:80:nope",
+        ] {
+            let c = Cmd::try_parse_from(["load", "x", "--resolve", bad]).unwrap();
+            let e = config_from_args(&c.load).unwrap_err().to_string();
+            assert!(e.contains("HOST:PORT:ADDR"), "{bad}: {e}");
+        }
     }
 }

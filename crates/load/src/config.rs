@@ -1,5 +1,6 @@
 //! Run configuration: what to request, how fast and for how long.
 
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -168,6 +169,11 @@ pub struct LoadConfig {
     pub progress: bool,
     /// Seed for Poisson arrivals.
     pub seed: u64,
+    /// Fixed addresses for `host:port` names, used instead of the resolver (like curl's
+    /// `--resolve`): for the target and for the hosts redirects lead to.
+    pub resolve: Vec<(String, SocketAddr)>,
+    /// Local address connections are made from (the kernel's choice when `None`).
+    pub local_addr: Option<IpAddr>,
 }
 
 impl LoadConfig {
@@ -196,6 +202,8 @@ impl LoadConfig {
             request_log: None,
             progress: false,
             seed: 1,
+            resolve: Vec::new(),
+            local_addr: None,
         }
     }
 }

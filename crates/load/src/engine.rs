@@ -11,7 +11,7 @@
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::io::Write as _;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::ops::Range;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -338,7 +338,11 @@ impl Worker {
         let mut retried = false;
         'outer: while next < items.len() {
             if slot.conn.is_none() {
-                match slot.timer.run(limit, TcpStream::connect(addr)).await {
+                match slot
+                    .timer
+                    .run(limit, connect(addr, self.shared.cfg.local_addr))
+                    .await
+                {
                     None => return expire(slot, next, sink),
                     Some(Err(e)) => {
                         let kind = if e.kind() == std::io::ErrorKind::ConnectionRefused {
@@ -732,6 +736,10 @@ impl Worker {
         if let Some((_, a)) = self.side_addrs.borrow().iter().find(|(o, _)| o == origin) {
             return Some(*a);
         }
+        if let Some(a) = fixed_address(&self.shared.cfg.resolve, origin) {
+            self.side_addrs.borrow_mut().push((origin.clone(), a));
+            return Some(a);
+        }
         let addr = tokio::net::lookup_host(origin.socket_string())
             .await
             .ok()?
@@ -1073,4 +1081,30 @@ pub(crate) fn run_worker(
     let mut rec = worker.rec.into_inner();
     rec.flush();
     Ok((rec.totals, finished))
+}
+
+/// A connection to `addr`, from `local` when given.
+async fn connect(addr: SocketAddr, local: Option<IpAddr>) -> std::io::Result<TcpStream> {
+    let Some(ip) = local else {
+        return TcpStream::connect(addr).await;
+    };
+    let sock = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    sock.bind(SocketAddr::new(ip, 0))?;
+    sock.connect(addr).await
+}
+
+/// The fixed address (`--resolve`) of `origin`, if one is given.
+pub(crate) fn fixed_address(
+    resolve: &[(String, SocketAddr)],
+    origin: &Origin,
+) -> Option<SocketAddr> {
+    let key = origin.socket_string();
+    resolve
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case(&key))
+        .map(|(_, a)| *a)
 }

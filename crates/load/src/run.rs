@@ -23,20 +23,24 @@ const SERIES_LAG_S: u64 = 10;
 /// Builds one single-threaded runtime per worker thread; blocks until the run is over.
 pub fn run_load(cfg: &LoadConfig) -> Result<Summary, LoadError> {
     validate(cfg)?;
-    let addr = cfg
-        .target
-        .origin
-        .socket_string()
-        .to_socket_addrs()
-        .map_err(|e| LoadError::Resolve {
-            host: cfg.target.origin.socket_string(),
-            source: e,
-        })?
-        .next()
-        .ok_or_else(|| LoadError::Resolve {
-            host: cfg.target.origin.socket_string(),
-            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no address"),
-        })?;
+    let fixed = crate::engine::fixed_address(&cfg.resolve, &cfg.target.origin);
+    let addr = match fixed {
+        Some(a) => a,
+        None => cfg
+            .target
+            .origin
+            .socket_string()
+            .to_socket_addrs()
+            .map_err(|e| LoadError::Resolve {
+                host: cfg.target.origin.socket_string(),
+                source: e,
+            })?
+            .next()
+            .ok_or_else(|| LoadError::Resolve {
+                host: cfg.target.origin.socket_string(),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no address"),
+            })?,
+    };
     let template = RequestTemplate {
         version: cfg.version,
         keep_alive: cfg.keep_alive,

@@ -21,6 +21,15 @@ const ALIAS: &str = "www-vh1.rescue.test";
 const FQDN: &str = "www.origin.test";
 const BIG: usize = 50_000;
 const SMALL: usize = 5_000;
+/// The size of `/gated-large`.
+const LARGE: usize = 300_000;
+
+/// The body of `/gated-large`: no two neighbouring 251-byte runs alike at the same offset.
+fn large_body() -> Vec<u8> {
+    (0..LARGE)
+        .map(|i| (i % 251) as u8 ^ (i / 251) as u8)
+        .collect()
+}
 
 /// One request the origin received.
 #[derive(Debug, Clone)]
@@ -34,13 +43,14 @@ struct Seen {
 }
 
 /// A test origin: counts and records every request; `/gated` answers only once the gate
-/// opens, `/page` has validators and answers matching conditionals 304, `/big` is larger than
+/// opens (level 1), `/gated-large` sends its head and the first half of [`LARGE`] bytes at
+/// level 1 and the rest at level 2, `/page` has validators and answers matching conditionals 304, `/big` is larger than
 /// the proxy's object cap, `/s<n>` are small objects, `/private` is `Cache-Control: private`,
 /// `/hang` never answers; anything else echoes its target.
 struct Origin {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
-    gate: watch::Sender<bool>,
+    gate: watch::Sender<u8>,
     _rt: tokio::runtime::Runtime,
 }
 
@@ -52,7 +62,7 @@ impl Origin {
             .build()
             .unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
-        let (gate, gate_rx) = watch::channel(false);
+        let (gate, gate_rx) = watch::channel(0u8);
         let l = rt
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .unwrap();
@@ -94,7 +104,7 @@ impl Origin {
 async fn serve_origin(
     mut s: tokio::net::TcpStream,
     log: Arc<Mutex<Vec<Seen>>>,
-    mut gate: watch::Receiver<bool>,
+    mut gate: watch::Receiver<u8>,
 ) {
     let mut buf = Vec::new();
     loop {
@@ -136,8 +146,27 @@ async fn serve_origin(
         const LM: &str = "Sun, 06 Nov 1994 08:49:37 GMT";
         let (status, extra, body): (u16, String, Vec<u8>) = match seen.target.as_str() {
             "/gated" => {
-                let _ = gate.wait_for(|open| *open).await;
+                let _ = gate.wait_for(|level| *level >= 1).await;
                 (200, String::new(), b"gated content".to_vec())
+            }
+            "/gated-large" => {
+                let _ = gate.wait_for(|level| *level >= 1).await;
+                let body = large_body();
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
+                    body.len()
+                );
+                log.lock().unwrap()[idx].status = 200;
+                if s.write_all(head.as_bytes()).await.is_err()
+                    || s.write_all(&body[..LARGE / 2]).await.is_err()
+                {
+                    return;
+                }
+                let _ = gate.wait_for(|level| *level >= 2).await;
+                if s.write_all(&body[LARGE / 2..]).await.is_err() {
+                    return;
+                }
+                continue;
             }
             "/page" => {
                 if seen.if_none_match.as_deref() == Some("\"v1\"") {
@@ -344,7 +373,7 @@ fn a_thousand_waiting_clients_cause_one_fetch() {
         rescue.stats()
     );
     assert_eq!(origin.count("/gated"), 1);
-    origin.gate.send_replace(true);
+    origin.gate.send_replace(1);
     for c in clients {
         let text = rt.block_on(c).unwrap();
         assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
@@ -353,6 +382,86 @@ fn a_thousand_waiting_clients_cause_one_fetch() {
     assert_eq!(origin.count("/gated"), 1, "the origin's own count");
     let s = rescue.stats();
     assert_eq!((s.fetches, s.misses), (1, N as u64));
+}
+
+#[test]
+fn concurrent_clients_of_a_large_object_share_one_fetch() {
+    const N: usize = 200;
+    let origin = Origin::start();
+    let (node, rescue) = rescue_node(|r| r.proxy.max_object_bytes = 10_000);
+    rescue.add_origin(PeerId(1), &origin.sos(), ALIAS).unwrap();
+    let addr = node.addr;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = move || async move {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(
+            format!("GET /gated-large HTTP/1.1\r\nHost: {ALIAS}\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut all = Vec::new();
+        s.read_to_end(&mut all).await.unwrap();
+        all
+    };
+    let clients: Vec<_> = (0..N).map(|_| rt.spawn(client())).collect();
+    // Every client waits on the one fetch, which the origin holds until all are there.
+    assert!(
+        eventually(Duration::from_secs(60), || rescue.stats().misses
+            == N as u64),
+        "{:?}",
+        rescue.stats()
+    );
+    // The head and half the body: every waiter is handed the spool.
+    origin.gate.send_replace(1);
+    assert!(
+        eventually(Duration::from_secs(60), || rescue.stats().spooled
+            == N as u64),
+        "{:?}",
+        rescue.stats()
+    );
+    // A client arriving while the body is still coming joins the same fetch from byte 0.
+    let late = rt.spawn(client());
+    assert!(
+        eventually(Duration::from_secs(60), || rescue.stats().spooled
+            == N as u64 + 1),
+        "{:?}",
+        rescue.stats()
+    );
+    origin.gate.send_replace(2);
+    let body = large_body();
+    for c in clients.into_iter().chain([late]) {
+        let all = rt.block_on(c).unwrap();
+        let split = all.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        let head = String::from_utf8_lossy(&all[..split]);
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+        assert!(
+            head.contains(&format!("Content-Length: {LARGE}\r\n")),
+            "{head}"
+        );
+        assert!(
+            head.contains("Content-Type: application/octet-stream\r\n"),
+            "{head}"
+        );
+        assert!(
+            all[split..] == body[..],
+            "a body of {} bytes differs",
+            all.len() - split
+        );
+    }
+    assert_eq!(origin.count("/gated-large"), 1, "the origin's own count");
+    let s = rescue.stats();
+    assert_eq!((s.fetches, s.relayed, s.fetch_errors), (1, 0, 0), "{s:?}");
+    assert_eq!(s.cached_bytes[0].1, 0, "never stored");
+    // Once it is complete, the next request fetches again (nothing above the cap is kept).
+    let mut c = node.client();
+    let r = get(&mut c, ALIAS, "/big");
+    assert_eq!(r.body.len(), BIG);
+    assert_eq!(origin.count("/big"), 1);
 }
 
 #[test]
@@ -463,7 +572,8 @@ fn object_cap_and_origin_budget_hold() {
     });
     rescue.add_origin(PeerId(1), &origin.sos(), ALIAS).unwrap();
     let mut c = node.client();
-    // Above the cap: relayed to each client, never stored.
+    // Above the cap: never stored; each request one after the other makes a fetch of its own,
+    // shared only with requests arriving while it is under way.
     for _ in 0..2 {
         let r = get(&mut c, ALIAS, "/big");
         assert_eq!(r.status, 200);
@@ -474,7 +584,8 @@ fn object_cap_and_origin_budget_hold() {
     assert_eq!(h.header("content-length"), Some("50000"));
     let s = rescue.stats();
     assert_eq!(s.cached_bytes[0].1, 0);
-    assert!(s.relayed >= 3, "{s:?}");
+    assert_eq!(s.spooled, 3, "{s:?}");
+    assert_eq!(origin.count("/big"), 3);
     // Private responses go to their client only and are never stored.
     assert_eq!(get(&mut c, ALIAS, "/private").text(), "mine");
     assert_eq!(get(&mut c, ALIAS, "/private").text(), "mine");

@@ -11,12 +11,13 @@ use crate::error::SwitchError;
 
 pub use switchyard_handoff::link::ControlAddr;
 
-/// One back-end node: its address and, optionally, a weight, its own in-flight cap and its
-/// handoff control address.
+/// One back-end node: its address and, optionally, a weight, its own in-flight cap, its
+/// handoff control address and the public name clients reach it by.
 ///
 /// In the config file a node is either a string (`"127.0.0.1:8081"`, or with settings after
-/// commas: `"127.0.0.1:8081,weight=2,control=unix:/run/n0.sock"`, the form `--node` takes) or
-/// a table (`{ addr = "127.0.0.1:8081", weight = 2, max_inflight = 64, control = "..." }`).
+/// commas: `"127.0.0.1:8081,weight=2,control=unix:/run/n0.sock,public=www1.example.com"`, the
+/// form `--node` takes) or a table (`{ addr = "127.0.0.1:8081", weight = 2, max_inflight = 64,
+/// control = "...", public = "www1.example.com:8080" }`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeEntry {
     /// Where the node serves HTTP.
@@ -28,6 +29,56 @@ pub struct NodeEntry {
     /// The node's handoff control listener (its `handoff_unix` or `handoff_listen`). Without
     /// it the node's connections are always relayed.
     pub control: Option<ControlAddr>,
+    /// With `mechanism = "redirect"`: the host and optional port (`www1.example.com`,
+    /// `www1.example.com:8080`, `203.0.113.7:80`, `[2001:db8::7]:80`) the `Location` names
+    /// instead of `addr`, for a node clients reach by another name or address (behind NAT, or
+    /// by a name its certificate or virtual host expects).
+    pub public: Option<String>,
+}
+
+/// Checks a node's public `host[:port]`: a DNS name, an IPv4 address or a bracketed IPv6
+/// address, and a port from 1 to 65535; nothing else may go into a `Location`.
+pub fn check_public(s: &str) -> Result<String, String> {
+    let bad = |why: &str| Err(format!("node public name `{s}`: {why}"));
+    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+        let Some((v6, after)) = rest.split_once(']') else {
+            return bad("an IPv6 address needs its closing `]`");
+        };
+        if v6.parse::<std::net::Ipv6Addr>().is_err() {
+            return bad("not an IPv6 address in brackets");
+        }
+        match after {
+            "" => (None, None),
+            p => match p.strip_prefix(':') {
+                Some(p) => (None, Some(p)),
+                None => return bad("only `:PORT` may follow the address"),
+            },
+        }
+    } else {
+        match s.rsplit_once(':') {
+            Some((h, p)) => (Some(h), Some(p)),
+            None => (Some(s), None),
+        }
+    };
+    if let Some(h) = host {
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        };
+        if h.is_empty() || h.len() > 253 || !h.split('.').all(label_ok) {
+            return bad("not a host name or IPv4 address");
+        }
+    }
+    if let Some(p) = port {
+        match p.parse::<u16>() {
+            Ok(n) if n > 0 && !p.starts_with('+') => {}
+            _ => return bad("the port must be a number from 1 to 65535"),
+        }
+    }
+    Ok(s.to_owned())
 }
 
 impl NodeEntry {
@@ -38,13 +89,14 @@ impl NodeEntry {
             weight: 1,
             max_inflight: None,
             control: None,
+            public: None,
         }
     }
 }
 
 impl std::str::FromStr for NodeEntry {
     type Err = String;
-    /// `ADDR[,weight=N][,max_inflight=N][,control=unix:PATH|IP:PORT]`.
+    /// `ADDR[,weight=N][,max_inflight=N][,control=unix:PATH|IP:PORT][,public=HOST[:PORT]]`.
     fn from_str(s: &str) -> Result<Self, String> {
         let mut parts = s.trim().split(',');
         let addr = parts.next().unwrap_or("").trim();
@@ -65,9 +117,10 @@ impl std::str::FromStr for NodeEntry {
                 "weight" => e.weight = num(v)?,
                 "max_inflight" => e.max_inflight = Some(num(v)?),
                 "control" => e.control = Some(v.parse()?),
+                "public" => e.public = Some(check_public(v)?),
                 _ => {
                     return Err(format!(
-                        "unknown node setting `{k}` (weight, max_inflight, control)"
+                        "unknown node setting `{k}` (weight, max_inflight, control, public)"
                     ))
                 }
             }
@@ -88,6 +141,8 @@ impl<'de> Deserialize<'de> for NodeEntry {
             max_inflight: Option<u32>,
             #[serde(default)]
             control: Option<ControlAddr>,
+            #[serde(default)]
+            public: Option<String>,
         }
         fn one() -> u32 {
             1
@@ -97,7 +152,7 @@ impl<'de> Deserialize<'de> for NodeEntry {
             type Value = NodeEntry;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str(
-                    "a node \"IP:PORT[,weight=N][,control=...]\" or a table { addr, weight, max_inflight, control }",
+                    "a node \"IP:PORT[,weight=N][,control=...][,public=...]\" or a table { addr, weight, max_inflight, control, public }",
                 )
             }
             fn visit_str<E: de::Error>(self, s: &str) -> Result<NodeEntry, E> {
@@ -105,11 +160,18 @@ impl<'de> Deserialize<'de> for NodeEntry {
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<NodeEntry, A::Error> {
                 let t = Table::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                let public = t
+                    .public
+                    .as_deref()
+                    .map(check_public)
+                    .transpose()
+                    .map_err(de::Error::custom)?;
                 Ok(NodeEntry {
                     addr: t.addr,
                     weight: t.weight,
                     max_inflight: t.max_inflight,
                     control: t.control,
+                    public,
                 })
             }
         }
@@ -529,6 +591,56 @@ mod tests {
                 .unwrap();
         assert_eq!(cfg.policy.name, PolicyKind::LardR);
         assert_eq!(cfg.policy.l_idle, 10);
+    }
+
+    #[test]
+    fn a_node_s_public_name_for_redirects() {
+        let cfg: SwitchConfig = toml::from_str(
+            r#"
+            nodes = ["127.0.0.1:1,public=www1.example.com:8080",
+                     { addr = "127.0.0.1:2", public = "[2001:db8::7]:80" },
+                     { addr = "127.0.0.1:3", public = "203.0.113.7" },
+                     "127.0.0.1:4"]
+            "#,
+        )
+        .unwrap();
+        let public: Vec<_> = cfg.nodes.iter().map(|n| n.public.as_deref()).collect();
+        assert_eq!(
+            public,
+            [
+                Some("www1.example.com:8080"),
+                Some("[2001:db8::7]:80"),
+                Some("203.0.113.7"),
+                None
+            ]
+        );
+        for ok in ["a", "a-b.c", "x.example:1", "[::1]", "[::1]:65535"] {
+            assert_eq!(check_public(ok).as_deref(), Ok(ok));
+        }
+        for bad in [
+            "",
+            "a/b",
+            "a b",
+            "user@host",
+            "host:",
+            "host:0",
+            "host:65536",
+            "host:+80",
+            "-a.example",
+            "a..b",
+            "[::1",
+            "[nope]:80",
+            "[::1]80",
+            "host?x",
+            "h\r\nX-Evil: 1",
+        ] {
+            let e = check_public(bad).unwrap_err();
+            assert!(e.contains("public name"), "{bad}: {e}");
+            let n = format!("127.0.0.1:1,public={bad}");
+            assert!(n.parse::<NodeEntry>().is_err() || bad.is_empty(), "{bad}");
+            let t = format!("nodes = [{{ addr = \"127.0.0.1:1\", public = {bad:?} }}]");
+            assert!(toml::from_str::<SwitchConfig>(&t).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -315,7 +315,16 @@ impl Client {
                     self.buf.advance(head.head_len);
                 }
                 let backend = gen.nodes[choice.idx].clone();
-                let location = format!("http://{}{}", backend.addr, head.target);
+                // The node's public name when it has one, else the address the switch uses.
+                let location = match gen
+                    .cfg
+                    .nodes
+                    .get(choice.idx)
+                    .and_then(|e| e.public.as_deref())
+                {
+                    Some(public) => format!("http://{public}{}", head.target),
+                    None => format!("http://{}{}", backend.addr, head.target),
+                };
                 // 307 keeps the method and body of anything but GET and HEAD.
                 let status = if matches!(
                     head.method,

@@ -397,6 +397,31 @@ fn the_redirect_mechanism_sends_clients_to_the_node() {
 }
 
 #[test]
+fn a_redirect_names_the_node_s_public_name_when_it_has_one() {
+    let (a, b) = (TestNode::start(fill, |_| {}), TestNode::start(fill, |_| {}));
+    let sw = TestSwitch::start(&[a.addr, b.addr], |c| {
+        c.mechanism = Mechanism::Redirect;
+        c.policy.name = switchyard_policy::PolicyKind::Rr;
+        c.nodes[0].public = Some("www1.site.test:8080".into());
+    });
+    let mut c = sw.client();
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..4 {
+        c.send(b"GET /f1.html HTTP/1.1\r\nHost: site.test\r\n\r\n");
+        let r = c.response(false);
+        assert_eq!(r.status, 302);
+        seen.insert(r.header("location").unwrap().to_string());
+    }
+    // Round robin over both: the first by its public name, the second by its address.
+    let expect: std::collections::BTreeSet<String> = [
+        "http://www1.site.test:8080/f1.html".to_string(),
+        format!("http://{}/f1.html", b.addr),
+    ]
+    .into();
+    assert_eq!(seen, expect);
+}
+
+#[test]
 fn in_one_way_mode_the_site_is_metered_from_the_nodes_load_reports() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new("peers");

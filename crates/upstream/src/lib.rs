@@ -163,6 +163,17 @@ impl Connection {
         &self.buf
     }
 
+    /// Take up to `max` of the bytes read from the peer and not yet used, reading more first
+    /// (waiting until `until`) when none are buffered: for a caller that consumes a body
+    /// itself, like a `Content-Length` body spooled to a file. Empty at the peer's close.
+    pub async fn take_some(&mut self, max: usize, until: Instant) -> io::Result<BytesMut> {
+        if self.buf.is_empty() && self.read_more(until).await? == 0 {
+            return Ok(BytesMut::new());
+        }
+        let n = self.buf.len().min(max);
+        Ok(self.buf.split_to(n))
+    }
+
     /// Read more into the buffer, waiting until `until`; 0 at the peer's close.
     async fn read_more(&mut self, until: Instant) -> io::Result<usize> {
         if self.buf.capacity() - self.buf.len() < 4096 {

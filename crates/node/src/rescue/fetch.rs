@@ -167,8 +167,19 @@ pub(crate) enum Fetched {
     Complete(Object, Sharing),
     /// The origin answered a conditional fetch 304: the stored copy is still good.
     NotModified,
-    /// The body is larger than the per-object cap: each client's request is relayed.
+    /// The body is larger than the per-object cap and not framed by `Content-Length`: each
+    /// client's request is relayed.
     TooLarge,
+    /// The body is larger than the per-object cap and of a known length: the head is read,
+    /// the body is still to come on `conn` (by `until`), to be spooled for every waiter.
+    Large {
+        conn: Connection,
+        status: u16,
+        kept: Kept,
+        len: u64,
+        keep_alive: bool,
+        until: Instant,
+    },
     /// The fetch failed: the status the clients get (502, or 504 on a timeout).
     Failed(u16),
 }
@@ -282,6 +293,18 @@ pub(crate) async fn fetch(
         return Fetched::NotModified;
     }
     let kept = Kept::from_head(&r.head);
+    if let switchyard_http::upstream::BodyLength::Length(len) = meta.body {
+        if len > max {
+            return Fetched::Large {
+                conn,
+                status: meta.status,
+                kept,
+                len,
+                keep_alive: meta.keep_alive,
+                until,
+            };
+        }
+    }
     match upstream::read_body(
         &mut conn,
         meta.body,

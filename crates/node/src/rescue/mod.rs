@@ -20,9 +20,11 @@
 //!   `watch` channel until the task publishes the outcome. Responses marked
 //!   `Cache-Control: no-store` or `private` go to one client only and are never stored (the
 //!   others fetch for themselves), `no-cache` ones to the clients waiting for that fetch;
-//!   responses with bodies above `max_object_bytes` are relayed to each client as they come,
-//!   uncached, as the paper's Apache did with its object limit. Upstream failures are 502,
-//!   timeouts 504;
+//!   responses with bodies above `max_object_bytes` are not stored: one of a known length
+//!   (`Content-Length`) is fetched once for all the clients that ask for it while the fetch
+//!   is under way, through a temporary file each reads at its own pace ([`spool`]); one
+//!   without (chunked, until close) is relayed to each client as it comes, as the paper's
+//!   Apache did with its object limit. Upstream failures are 502, timeouts 504;
 //! * an ended origin's names, for `expired_redirect_secs`: a 302 back to
 //!   `http://<origin>[:port]<target>`;
 //! * anything else: 421 Misdirected Request, and no fetch. The node is never an open proxy.
@@ -34,6 +36,7 @@
 //! through [`RescueHandle`] as the core's `OriginAdded` and `OriginEnded` actions say.
 
 pub(crate) mod fetch;
+pub(crate) mod spool;
 pub(crate) mod store;
 
 use std::collections::HashMap;
@@ -53,6 +56,7 @@ use switchyard_upstream::Pool;
 use tokio::sync::watch;
 
 use fetch::{Fetched, Object, Sharing, Target};
+use spool::Spool;
 use store::ProxyStore;
 
 /// Idle connections kept per origin on each worker thread.
@@ -78,6 +82,8 @@ pub(crate) enum Answer {
     Object(Arc<Object>),
     /// Fetched for this client alone and relayed, uncached.
     Relay,
+    /// From the one fetch of a large object, as it is spooled.
+    Spooled(Arc<Spool>),
     /// With this error status (502, 504).
     Error(u16),
 }
@@ -89,8 +95,10 @@ enum Outcome {
     Shared(Arc<Object>),
     /// Serve this to the first waiter that takes it; the others fetch for themselves.
     Once(Mutex<Option<Arc<Object>>>),
-    /// Every waiter fetches for itself (too large to keep).
+    /// Every waiter fetches for itself (too large to keep, and of no known length).
     Relay,
+    /// Every waiter reads this spool of a large object (the fetch may still be filling it).
+    Spooled(Arc<Spool>),
     /// Every waiter gets this status.
     Failed(u16),
 }
@@ -108,6 +116,7 @@ struct Counters {
     fetch_errors: AtomicU64,
     stale_served: AtomicU64,
     relayed: AtomicU64,
+    spooled: AtomicU64,
     misdirected: AtomicU64,
     refused: AtomicU64,
     redirected: AtomicU64,
@@ -132,6 +141,8 @@ pub struct RescueStats {
     pub stale_served: u64,
     /// Requests relayed uncached (too large, or not to be shared).
     pub relayed: u64,
+    /// Requests answered from the one shared fetch of a large object (its spool).
+    pub spooled: u64,
     /// Requests for names this server does not serve (421).
     pub misdirected: u64,
     /// Requests for an origin refused before any fetch (400, 405).
@@ -317,6 +328,10 @@ impl RescueProxy {
                 None => Answer::Relay,
             },
             Outcome::Relay => Answer::Relay,
+            Outcome::Spooled(s) => {
+                self.counters.spooled.fetch_add(1, Relaxed);
+                Answer::Spooled(s.clone())
+            }
             Outcome::Failed(s) => Answer::Error(*s),
         }
     }
@@ -386,6 +401,30 @@ impl RescueProxy {
                 Outcome::Shared(object)
             }
             Fetched::TooLarge => Outcome::Relay,
+            Fetched::Large {
+                conn,
+                status,
+                kept,
+                len,
+                keep_alive,
+                until,
+            } => match Spool::new(status, kept, len) {
+                Ok(spool) => {
+                    // The waiters (and requests arriving while the body comes) read the spool
+                    // as it fills; the flight stays in the table until the body is complete.
+                    let spool = Arc::new(spool);
+                    tx.send_replace(Some(Arc::new(Outcome::Spooled(spool.clone()))));
+                    if !spool.fill(conn, keep_alive, &self.pool, until).await {
+                        c.fetch_errors.fetch_add(1, Relaxed);
+                    }
+                    self.flights.lock().remove(&key);
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot make a spool file; relaying per client");
+                    Outcome::Relay
+                }
+            },
             Fetched::Failed(status) => {
                 c.fetch_errors.fetch_add(1, Relaxed);
                 // The origin cannot be reached to revalidate: its last answer is better than
@@ -447,6 +486,7 @@ impl RescueProxy {
             fetch_errors: c.fetch_errors.load(Relaxed),
             stale_served: c.stale_served.load(Relaxed),
             relayed: c.relayed.load(Relaxed),
+            spooled: c.spooled.load(Relaxed),
             misdirected: c.misdirected.load(Relaxed),
             refused: c.refused.load(Relaxed),
             redirected: c.redirected.load(Relaxed),
@@ -547,7 +587,7 @@ struct RescueCollector(Arc<RescueProxy>);
 impl Collector for RescueCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let s = self.0.stats();
-        let counters: [(&str, &str, u64); 11] = [
+        let counters: [(&str, &str, u64); 12] = [
             (
                 "switchyard_node_rescue_proxy_hits",
                 "Rescue proxy requests answered from a fresh stored object",
@@ -587,6 +627,11 @@ impl Collector for RescueCollector {
                 "switchyard_node_rescue_proxy_relayed",
                 "Requests relayed uncached (too large or not shareable)",
                 s.relayed,
+            ),
+            (
+                "switchyard_node_rescue_proxy_spooled",
+                "Requests answered from the one shared fetch of a large object",
+                s.spooled,
             ),
             (
                 "switchyard_node_rescue_misdirected",

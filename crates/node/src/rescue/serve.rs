@@ -5,6 +5,7 @@
 use super::*;
 
 use crate::rescue::fetch::{self, Kept, Target};
+use crate::rescue::spool::{self, Spool, SpoolBroken};
 use crate::rescue::{Answer, Decision, RescueProxy};
 use switchyard_http::upstream::BodyLength;
 use switchyard_rescue::Origin;
@@ -80,6 +81,7 @@ impl<R: Router> Conn<'_, R> {
                         .relay_uncached(proxy, &origin, &path, head, keep, started)
                         .await
                 }
+                Answer::Spooled(spool) => return self.spooled(&spool, head, keep, started).await,
             },
         }
         self.finish_rescued(started, keep).await
@@ -138,6 +140,64 @@ impl<R: Router> Conn<'_, R> {
         if head.method != Method::Head && !bodiless {
             self.out.extend_from_slice(&o.body);
         }
+    }
+
+    /// Write a large object from the one fetch shared by its clients: the head at once, then
+    /// the body from the spool as it fills, at this client's pace. A fetch that breaks off
+    /// before any of the body was sent is a 502; after, the connection closes (the client
+    /// sees fewer bytes than `Content-Length` promised).
+    async fn spooled(
+        &mut self,
+        spool: &Spool,
+        head: &RequestHead,
+        keep: bool,
+        started: Instant,
+    ) -> Option<End> {
+        let http10 = head.version == Version::Http10;
+        let bodiless = matches!(spool.status, 100..=199 | 204 | 304);
+        let out_mark = self.out.len();
+        let written_mark = self.stats.bytes;
+        with_date(|date| {
+            let mut h = ResponseHead::new(&mut self.out, spool.status)
+                .header("Date", date)
+                .header("Server", "switchyard");
+            let k = &spool.kept;
+            for (name, v) in [
+                ("Content-Type", &k.content_type),
+                ("ETag", &k.etag),
+                ("Last-Modified", &k.last_modified),
+                ("Cache-Control", &k.cache_control),
+            ] {
+                if let Some(v) = v {
+                    h = h.header(name, v);
+                }
+            }
+            if !bodiless {
+                h = h.content_length(spool.len);
+            }
+            h.connection(keep, http10).finish()
+        });
+        if head.method != Method::Head && !bodiless {
+            let mut rx = spool.subscribe();
+            let mut sent = 0u64;
+            loop {
+                match spool.read(&mut rx, sent, spool::CHUNK, &mut self.out).await {
+                    Ok(0) => break,
+                    Ok(n) => sent += n as u64,
+                    Err(SpoolBroken) if sent == 0 && self.stats.bytes == written_mark => {
+                        self.out.truncate(out_mark);
+                        self.error_response(502, keep, head.method, http10);
+                        return self.finish_rescued(started, keep).await;
+                    }
+                    Err(SpoolBroken) => return Some(End::Broken),
+                }
+                if self.out.len() >= FLUSH_AT && self.flush().await.is_err() {
+                    return Some(End::Broken);
+                }
+            }
+        }
+        self.count_status(spool.status);
+        self.finish_rescued(started, keep).await
     }
 
     /// Fetch `path` from `origin` for this client alone and relay the response as it comes,
