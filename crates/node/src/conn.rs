@@ -673,6 +673,20 @@ impl<R: Router> Conn<'_, R> {
         }
     }
 
+    /// A `302` to `location` with an empty body, queued in the output.
+    pub(crate) fn redirect_response(&mut self, location: &str, keep: bool, http10: bool) {
+        with_date(|date| {
+            ResponseHead::new(&mut self.out, 302)
+                .header("Date", date)
+                .header("Server", "switchyard")
+                .header("Location", location)
+                .content_length(0)
+                .connection(keep, http10)
+                .finish()
+        });
+        self.count_status(302);
+    }
+
     fn stopping(&self) -> bool {
         *self.shutdown.borrow()
     }
@@ -764,16 +778,7 @@ impl<R: Router> Conn<'_, R> {
             }
             switchyard_rescue_driver::Verdict::Redirect { peer, location } => {
                 let mark = self.out.len();
-                with_date(|date| {
-                    ResponseHead::new(&mut self.out, 302)
-                        .header("Date", date)
-                        .header("Server", "switchyard")
-                        .header("Location", &location)
-                        .content_length(0)
-                        .connection(keep, http10)
-                        .finish()
-                });
-                self.count_status(302);
+                self.redirect_response(&location, keep, http10);
                 t.redirected(peer, (self.out.len() - mark) as u64, size);
                 Some(Body::Redirected)
             }

@@ -61,18 +61,7 @@ impl<R: Router> Conn<'_, R> {
         match decision {
             Decision::Own => unreachable!("own-site requests leave `rescue` before this"),
             Decision::Refuse(status) => self.error_response(status, keep, head.method, http10),
-            Decision::Redirect(location) => {
-                with_date(|date| {
-                    ResponseHead::new(&mut self.out, 302)
-                        .header("Date", date)
-                        .header("Server", "switchyard")
-                        .header("Location", &location)
-                        .content_length(0)
-                        .connection(keep, http10)
-                        .finish()
-                });
-                self.count_status(302);
-            }
+            Decision::Redirect(location) => self.redirect_response(&location, keep, http10),
             Decision::Proxy { origin, path } => match proxy.answer(&origin, &path).await {
                 Answer::Object(o) => self.proxied(head, &o, keep),
                 Answer::Error(status) => self.error_response(status, keep, head.method, http10),
