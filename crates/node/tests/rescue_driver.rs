@@ -19,13 +19,7 @@ use switchyard_admin::status::RescueStatus;
 use switchyard_node::RescueConfig;
 use switchyard_rescue::{PeerConfig, PeeringConfig};
 use switchyard_rescue_driver::testcerts::TestCa;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-const FILES: usize = 20;
-const FILE_BYTES: usize = 6000;
-/// Where the crowd comes from: not the rescue server's address (127.0.0.1), whose requests
-/// are never redirected.
-const CLIENT_IP: [u8; 4] = [127, 0, 0, 5];
+use switchyard_testkit::crowd::{fill, get, one_client, FILES, FILE_BYTES};
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -33,16 +27,6 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-fn fill(root: &Path) {
-    for i in 0..FILES {
-        common::write(
-            root,
-            &format!("f{i}.html"),
-            &vec![b'a' + (i % 26) as u8; FILE_BYTES],
-        );
-    }
 }
 
 struct Site {
@@ -79,32 +63,6 @@ fn site(
     });
     let web = node.addr;
     Site { node, web }
-}
-
-/// `GET` over a new connection from [`CLIENT_IP`]: (status, Location, body length).
-async fn get(addr: SocketAddr, host: &str, target: &str) -> (u16, Option<String>, usize) {
-    let sock = tokio::net::TcpSocket::new_v4().unwrap();
-    sock.bind(SocketAddr::from((CLIENT_IP, 0))).unwrap();
-    let mut s = sock.connect(addr).await.unwrap();
-    s.write_all(
-        format!("GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .await
-    .unwrap();
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).await.unwrap();
-    let text = String::from_utf8_lossy(&buf);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let location = head
-        .lines()
-        .find_map(|l| l.strip_prefix("Location: "))
-        .map(str::to_string);
-    (status, location, body.len())
 }
 
 /// `/dotslash-status?auto` of a node's admin listener.
@@ -157,36 +115,6 @@ fn wait_status(
 
 /// One client of the crowd: the page `n`, and if redirected the page and two embedded objects
 /// from the rescue server.
-async fn one_client(origin: SocketAddr, rescue: SocketAddr, n: usize) -> Result<(), String> {
-    let target = format!("/f{}.html", n % FILES);
-    let (status, location, len) =
-        get(origin, &format!("origin.test:{}", origin.port()), &target).await;
-    match status {
-        200 if len == FILE_BYTES => Ok(()),
-        302 => {
-            let location = location.ok_or("a redirect without Location")?;
-            let rest = location.strip_prefix("http://").ok_or(location.clone())?;
-            let (host, path) = rest.split_at(rest.find('/').ok_or(location.clone())?);
-            if path != target {
-                return Err(format!("redirected {target} to {location}"));
-            }
-            for p in [
-                path.to_string(),
-                format!("/f{}.html", (n + 1) % FILES),
-                format!("/f{}.html", (n + 2) % FILES),
-            ] {
-                let (s, _, len) = get(rescue, host, &p).await;
-                if (s, len) != (200, FILE_BYTES) {
-                    return Err(format!("{host}{p}: {s}, {len} bytes"));
-                }
-            }
-            Ok(())
-        }
-        503 => Ok(()),
-        s => Err(format!("{target}: status {s}, {len} bytes")),
-    }
-}
-
 #[test]
 fn a_crowd_on_an_origin_is_rescued_redirected_rate_limited_and_released() {
     let dir = tempfile::tempdir().unwrap();
@@ -243,7 +171,12 @@ fn a_crowd_on_an_origin_is_rescued_redirected_rate_limited_and_released() {
         let mut tasks = tokio::task::JoinSet::new();
         for n in 0usize.. {
             tick.tick().await;
-            tasks.spawn(one_client(oweb, rweb, n));
+            tasks.spawn(one_client(
+                oweb,
+                format!("origin.test:{}", oweb.port()),
+                rweb,
+                n,
+            ));
             while let Some(done) = tasks.try_join_next() {
                 if let Ok(Err(e)) = done {
                     errs.lock().unwrap().push(e);

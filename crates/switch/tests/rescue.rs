@@ -24,7 +24,7 @@ use switchyard_rescue::{PeerConfig, PeeringConfig, RescueConfig};
 use switchyard_rescue_driver::testcerts::TestCa;
 use switchyard_rescue_driver::Driver;
 use switchyard_switch::config::Mechanism;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use switchyard_testkit::crowd::{fill, one_client, FILES, FILE_BYTES};
 
 /// A viewer of a dashboard's `/events`: reads one update at a time, and keeps the site's
 /// rescue part of the last meta event.
@@ -92,28 +92,12 @@ impl Viewer {
     }
 }
 
-const FILES: usize = 20;
-const FILE_BYTES: usize = 6000;
-/// The crowd's address: not the rescue server's (127.0.0.1), whose requests are never
-/// redirected.
-const CLIENT_IP: [u8; 4] = [127, 0, 0, 5];
-
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port()
-}
-
-fn fill(root: &Path) {
-    for i in 0..FILES {
-        common::write(
-            root,
-            &format!("f{i}.html"),
-            &vec![b'a' + (i % 26) as u8; FILE_BYTES],
-        );
-    }
 }
 
 fn rescue_table(
@@ -137,63 +121,6 @@ fn rescue_table(
         peers: vec![peer],
     });
     r
-}
-
-/// `GET` over a new connection from [`CLIENT_IP`]: (status, Location, body length).
-async fn get(addr: SocketAddr, host: &str, target: &str) -> (u16, Option<String>, usize) {
-    let sock = tokio::net::TcpSocket::new_v4().unwrap();
-    sock.bind(SocketAddr::from((CLIENT_IP, 0))).unwrap();
-    let mut s = sock.connect(addr).await.unwrap();
-    s.write_all(
-        format!("GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .await
-    .unwrap();
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).await.unwrap();
-    let text = String::from_utf8_lossy(&buf);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let location = head
-        .lines()
-        .find_map(|l| l.strip_prefix("Location: "))
-        .map(str::to_string);
-    (status, location, body.len())
-}
-
-/// One client of the crowd: page `n` from the site, and when redirected the page and two
-/// embedded objects from the rescue server.
-async fn one_client(site: SocketAddr, rescue: SocketAddr, n: usize) -> Result<(), String> {
-    let target = format!("/f{}.html", n % FILES);
-    let (status, location, len) = get(site, "site.test", &target).await;
-    match status {
-        200 if len == FILE_BYTES => Ok(()),
-        302 => {
-            let location = location.ok_or("a redirect without Location")?;
-            let rest = location.strip_prefix("http://").ok_or(location.clone())?;
-            let (host, path) = rest.split_at(rest.find('/').ok_or(location.clone())?);
-            if path != target {
-                return Err(format!("redirected {target} to {location}"));
-            }
-            for p in [
-                path.to_string(),
-                format!("/f{}.html", (n + 1) % FILES),
-                format!("/f{}.html", (n + 2) % FILES),
-            ] {
-                let (s, _, len) = get(rescue, host, &p).await;
-                if (s, len) != (200, FILE_BYTES) {
-                    return Err(format!("{host}{p}: {s}, {len} bytes"));
-                }
-            }
-            Ok(())
-        }
-        503 => Ok(()),
-        s => Err(format!("{target}: status {s}, {len} bytes")),
-    }
 }
 
 /// Polls `f` on `driver`'s status until it holds, for at most 30 s.
@@ -302,7 +229,7 @@ fn a_cluster_behind_a_switch_is_rescued_and_released() {
         let mut tasks = tokio::task::JoinSet::new();
         for n in 0usize.. {
             tick.tick().await;
-            tasks.spawn(one_client(sw_addr, r_addr, n));
+            tasks.spawn(one_client(sw_addr, "site.test".into(), r_addr, n));
             while let Some(done) = tasks.try_join_next() {
                 if let Ok(Err(e)) = done {
                     errs.lock().unwrap().push(e);

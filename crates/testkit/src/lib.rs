@@ -14,6 +14,8 @@
 //!   delivery mode.
 //! * [`wait`]: a bounded wait for a state that shows no event (a gauge in
 //!   `/metrics`).
+//! * [`crowd`]: a flash crowd's client for the rescue suites (a loopback address of its own,
+//!   redirects followed to the rescue server).
 //! * [`exit`]: a process's exit as an event (a pidfd), to wait for processes
 //!   without polling.
 //! * `root` (feature `root`): the runner of the root test targets, which
@@ -24,6 +26,7 @@
 //! that crate.
 
 pub mod app;
+pub mod crowd;
 pub mod exit;
 pub mod fixture;
 pub mod http;
