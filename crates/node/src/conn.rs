@@ -53,7 +53,7 @@ use crate::metrics::NodeMetrics;
 use crate::store::{CachedObject, Content, Resolved, Store};
 use switchyard_runtime::request::{self as reading, BodyError, ClientConn, ClientParts};
 use switchyard_runtime::request::{HeadEnd, HeadWait};
-use switchyard_runtime::shed::WaitingClients;
+use switchyard_runtime::shed::{Waiting, WaitingClients};
 
 // The rescue server's requests (`crate::rescue`), answered with the loop's own helpers.
 #[path = "rescue/serve.rs"]
@@ -201,6 +201,10 @@ enum Body {
 }
 
 struct Conn<'a, R: Router> {
+    /// Listed as waiting on the client since the last write of an answer
+    /// ([`ClientConn::take_ticket`]). Declared before `stream`: it must leave the list
+    /// before the socket closes.
+    listed: Option<Waiting>,
     ctx: &'a Ctx,
     stream: TcpStream,
     buf: BytesMut,
@@ -288,6 +292,7 @@ pub(crate) async fn serve(
         last_hit: false,
         router: None,
         replica: None,
+        listed: None,
     };
     if let End::Error(status) = conn.run().await {
         Box::pin(conn.fail(status)).await;
@@ -316,6 +321,7 @@ pub(crate) async fn serve_routed<R: Router>(
         last_hit: false,
         router: Some(router),
         replica: None,
+        listed: None,
     };
     match conn.run().await {
         End::Error(status) => {
@@ -388,6 +394,10 @@ impl<R: Router> ClientConn for Conn<'_, R> {
 
     fn waiting_list(&self) -> Option<&Arc<WaitingClients>> {
         Some(&self.ctx.waiting)
+    }
+
+    fn take_ticket(&mut self) -> Option<Waiting> {
+        self.listed.take()
     }
 }
 
@@ -982,6 +992,7 @@ impl<R: Router> Conn<'_, R> {
     /// more data follows (MSG_MORE), so a head and the sendfile body behind
     /// it leave in full segments rather than a small one first.
     async fn write_out(&mut self, more: bool) -> io::Result<()> {
+        self.listed = Some(self.ctx.waiting.enter(self.stream.as_raw_fd()));
         let flags = if more {
             // nix names no MSG_MORE; the bit is libc's.
             MsgFlags::from_bits_retain(libc::MSG_MORE) | MsgFlags::MSG_NOSIGNAL
@@ -1029,6 +1040,7 @@ impl<R: Router> Conn<'_, R> {
         let mut left = len;
         let until = tokio::time::Instant::now() + self.ctx.send_timeout;
         while left > 0 {
+            self.listed = Some(self.ctx.waiting.enter(self.stream.as_raw_fd()));
             let sent = self.stream.try_io(tokio::io::Interest::WRITABLE, || {
                 let chunk = left.min(1 << 30) as usize;
                 nix::sys::sendfile::sendfile64(
@@ -1090,6 +1102,7 @@ impl<R: Router> Conn<'_, R> {
 
     /// Write all of `bytes`, with MSG_MORE when `more` follows.
     async fn send_bytes(&mut self, bytes: &[u8], more: bool) -> io::Result<()> {
+        self.listed = Some(self.ctx.waiting.enter(self.stream.as_raw_fd()));
         let flags = if more {
             MsgFlags::from_bits_retain(libc::MSG_MORE) | MsgFlags::MSG_NOSIGNAL
         } else {

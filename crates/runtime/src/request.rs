@@ -65,6 +65,13 @@ pub trait ClientConn: Send {
     fn waiting_list(&self) -> Option<&Arc<WaitingClients>> {
         None
     }
+
+    /// The connection's listing in [`Self::waiting_list`] made when it last wrote an answer
+    /// ([`WaitingClients::enter`]), taken out for the wait that follows. None: it is listed
+    /// when it begins to wait.
+    fn take_ticket(&mut self) -> Option<Waiting> {
+        None
+    }
 }
 
 /// How [`next_head`] waits.
@@ -130,8 +137,10 @@ pub enum BodyError {
 pub async fn next_head<C: ClientConn>(c: &mut C, w: HeadWait<'_>) -> Result<RequestHead, HeadEnd> {
     let mut deadline: Option<Instant> = None;
     let mut tried_early = false;
-    // Listed as waiting on the client from the first wait until the head is complete.
-    let mut ticket: Option<Waiting> = None;
+    // Listed as waiting on the client from the first wait (or from the last write of the
+    // answer before it) until the head is complete: a pipelined head already read is served
+    // unlisted.
+    let mut ticket: Option<Waiting> = c.take_ticket();
     loop {
         {
             let p = c.parts();
@@ -153,6 +162,10 @@ pub async fn next_head<C: ClientConn>(c: &mut C, w: HeadWait<'_>) -> Result<Requ
             ticket = c.waiting_list().map(|l| l.enter(fd));
         }
         c.before_wait().await.map_err(|_| HeadEnd::Broken)?;
+        // Listed again by what that wrote: the wait counts from there.
+        if let Some(t) = c.take_ticket() {
+            ticket = Some(t);
+        }
         let p = c.parts();
         if p.buf.is_empty() && w.first && w.read_early && !tried_early {
             tried_early = true;

@@ -9,7 +9,8 @@
 //! (slowloris) are thus the first to go, and a flood of them cannot lock out new clients;
 //! a connection busy with a request is never interrupted.
 //!
-//! The order is the order in which connections began waiting (a counter, no clock).
+//! The order is the order in which connections began waiting (a counter, no clock): for a
+//! connection that has answered, from its last write of that answer.
 
 use std::collections::BTreeMap;
 use std::os::fd::RawFd;
@@ -44,6 +45,13 @@ impl WaitingClients {
 
     /// List the connection whose socket is `fd` as it begins to wait on its client; it leaves
     /// the list when the ticket drops, which must happen before the socket is closed.
+    ///
+    /// A connection that answers a request enters as it writes the answer and keeps the
+    /// ticket for its next wait ([`crate::request::ClientConn::take_ticket`]): its client may
+    /// send the next request (and others open new connections) as soon as the answer
+    /// arrives, while the connection's task may run again only much later on a busy host.
+    /// Entering again at each write keeps a connection whose client reads a long answer at
+    /// the back of the order.
     pub fn enter(self: &Arc<Self>, fd: RawFd) -> Waiting {
         let seq = self.next.fetch_add(1, Relaxed);
         self.lock().insert(seq, fd);

@@ -14,6 +14,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use switchyard_runtime::shed::{Waiting, WaitingClients};
+
 const HEADER: Duration = Duration::from_secs(5);
 const IDLE: Duration = Duration::from_secs(30);
 
@@ -24,6 +28,10 @@ struct Server {
     shutdown: watch::Receiver<bool>,
     before_waits: usize,
     idles: usize,
+    /// The shedding list, when the connection is on one.
+    list: Option<Arc<WaitingClients>>,
+    /// Listed at its last answer.
+    listed: Option<Waiting>,
 }
 
 impl ClientConn for Server {
@@ -47,6 +55,24 @@ impl ClientConn for Server {
     async fn send_continue(&mut self) -> io::Result<()> {
         self.stream.write_all(CONTINUE).await
     }
+
+    fn waiting_list(&self) -> Option<&Arc<WaitingClients>> {
+        self.list.as_ref()
+    }
+
+    fn take_ticket(&mut self) -> Option<Waiting> {
+        self.listed.take()
+    }
+}
+
+impl Server {
+    /// Write an answer the way the node and the switch do: listed as waiting on the client
+    /// from just before the write.
+    async fn answer(&mut self, bytes: &[u8]) {
+        let list = self.list.as_ref().unwrap();
+        self.listed = Some(list.enter(self.stream.as_raw_fd()));
+        self.stream.write_all(bytes).await.unwrap();
+    }
 }
 
 /// A connected pair: the client's socket, the server's side and its
@@ -62,6 +88,8 @@ async fn pair(preread: &[u8]) -> (TcpStream, Server, watch::Sender<bool>) {
         shutdown,
         before_waits: 0,
         idles: 0,
+        list: None,
+        listed: None,
     };
     (client, server, tx)
 }
@@ -423,4 +451,48 @@ async fn a_streamed_body_times_out_per_wait() {
     assert_eq!(sink.got.concat(), b"ab");
     assert_about(t.elapsed(), 3 * HEADER - 2 * Duration::from_millis(10));
     let _client = writer.await.unwrap();
+}
+
+/// A connection that has answered waits from its answer, not from when its task gets round to
+/// waiting: on a busy host its client (and others) may go on long before. It keeps that one
+/// place in the list for the wait (no second entry), and a pipelined head already read is
+/// served unlisted.
+#[tokio::test]
+async fn an_answered_connection_waits_from_its_answer() {
+    let list = WaitingClients::new();
+    let (mut ca, mut a, _sa) = pair(b"").await;
+    let (mut cb, mut b, _sb) = pair(b"").await;
+    a.list = Some(list.clone());
+    b.list = Some(list.clone());
+    a.answer(b"first").await;
+    // `b` begins to wait before `a`'s task comes back to its wait.
+    let entered = list.entered();
+    tokio::pin!(entered);
+    entered.as_mut().enable();
+    let wb = tokio::spawn(async move { (head(&mut b, false).await, b) });
+    entered.await;
+    assert_eq!(list.len(), 2);
+    let wa = tokio::spawn(async move { (head(&mut a, false).await, a) });
+    tokio::task::yield_now().await;
+    assert_eq!(list.len(), 2, "the answered connection was listed twice");
+    // The longest waiting is `a`, listed at its answer.
+    assert!(list.shed_oldest());
+    let (ra, mut a) = wa.await.unwrap();
+    assert!(matches!(ra, Err(HeadEnd::Closed)), "{ra:?}");
+    let mut got = [0u8; 5];
+    ca.read_exact(&mut got).await.unwrap();
+    assert_eq!(&got, b"first");
+    cb.write_all(b"GET /b HTTP/1.1\r\nHost: h\r\n\r\n")
+        .await
+        .unwrap();
+    let (rb, _b) = wb.await.unwrap();
+    assert_eq!(rb.unwrap().target, "/b");
+    assert!(list.is_empty());
+
+    // Answered with the next head already read: served unlisted.
+    a.buf = BytesMut::from(&b"GET /c HTTP/1.1\r\nHost: h\r\n\r\n"[..]);
+    a.answer(b"again").await;
+    assert_eq!(list.len(), 1);
+    assert_eq!(head(&mut a, false).await.unwrap().target, "/c");
+    assert!(list.is_empty());
 }

@@ -6,6 +6,7 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,6 +17,7 @@ use switchyard_http::response::ResponseHead;
 use switchyard_policy::{ConnId, NodeId, Outcome, Reject, Request as PolicyRequest};
 use switchyard_runtime::request::{self as reading, BodyError, ClientConn, ClientParts};
 use switchyard_runtime::request::{HeadEnd, HeadWait, CONTINUE};
+use switchyard_runtime::shed::{Waiting, WaitingClients};
 use switchyard_upstream::splice::write_all;
 use switchyard_upstream::{self as upstream, Deadline};
 use tokio::net::TcpStream;
@@ -74,6 +76,10 @@ struct Exchanged {
 }
 
 struct Client {
+    /// Listed as waiting on the client since the last write of an answer
+    /// ([`ClientConn::take_ticket`]). Declared before `stream`: it must leave the list
+    /// before the socket closes.
+    listed: Option<Waiting>,
     shared: Arc<Shared>,
     stream: TcpStream,
     peer: SocketAddr,
@@ -122,6 +128,7 @@ pub(crate) async fn serve_with(
     let id = ConnId(shared.next_conn.fetch_add(1, Relaxed));
     let stop = shared.stop.clone();
     let mut c = Client {
+        listed: None,
         shared,
         stream,
         peer,
@@ -682,6 +689,8 @@ impl Client {
             stream: &self.stream,
             out: &mut self.out,
             send: t.send,
+            waiting: &self.shared.waiting,
+            listed: &mut self.listed,
         };
         let relayed =
             upstream::relay_body(&mut node, meta.body, meta.keep_alive, &mut to, opts).await;
@@ -720,6 +729,7 @@ impl Client {
 
     /// Write what is pending to the client.
     async fn flush(&mut self, t: Timeouts) -> Result<(), Fail> {
+        self.listed = Some(self.shared.waiting.enter(self.stream.as_raw_fd()));
         let r = write_all(&self.stream, &self.out, t.send).await;
         self.out.clear();
         r.map_err(|e| {
@@ -828,8 +838,12 @@ impl ClientConn for Client {
         self.fwd = Vec::new();
     }
 
-    fn waiting_list(&self) -> Option<&Arc<switchyard_runtime::shed::WaitingClients>> {
+    fn waiting_list(&self) -> Option<&Arc<WaitingClients>> {
         Some(&self.shared.waiting)
+    }
+
+    fn take_ticket(&mut self) -> Option<Waiting> {
+        self.listed.take()
     }
 
     /// Written at once, with the send timeout of the generation serving the request.
@@ -847,6 +861,9 @@ struct ToClient<'a> {
     stream: &'a TcpStream,
     out: &'a mut Vec<u8>,
     send: std::time::Duration,
+    waiting: &'a Arc<WaitingClients>,
+    /// Listed again before each write: the last one is where the connection begins to wait.
+    listed: &'a mut Option<Waiting>,
 }
 
 impl upstream::Client for ToClient<'_> {
@@ -855,6 +872,7 @@ impl upstream::Client for ToClient<'_> {
     }
 
     async fn write_pending(&mut self) -> io::Result<()> {
+        *self.listed = Some(self.waiting.enter(self.stream.as_raw_fd()));
         let r = write_all(self.stream, self.out, self.send).await;
         self.out.clear();
         r
