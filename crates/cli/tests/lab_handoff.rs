@@ -24,6 +24,7 @@ fn main() {
         multiple_handoff_and_backend_forwarding_across_hosts,
         handoff_with_nftables_steering,
         randomized_pipelines_across_hosts,
+        a_connection_still_sending_is_relayed_rather_than_moved,
         a_switch_started_after_a_sigkill_replaces_its_ebpf_steering,
         a_switch_started_after_a_sigkill_replaces_its_nftables_table,
     ]);
@@ -590,6 +591,66 @@ fn randomized_pipelines_across_hosts() {
         );
         assert!(lab.metric("switchyard_handoff_repair_total") >= n as f64 / 2.0);
     }
+}
+
+/// A TCP_REPAIR dump takes the send queue as it is at one moment while the kernel may go on
+/// sending from it, so a connection with bytes still unsent is relayed, not moved (fallback
+/// `still_sending`). Here the client reads nothing, with a small receive buffer: the relayed
+/// answer to a GET with a body (relayed, its body is checked at the switch) stays queued at
+/// the switch while the pipelined GET behind it, which would otherwise move, is decided.
+fn a_connection_still_sending_is_relayed_rather_than_moved() {
+    let site = tempfile::tempdir().unwrap();
+    // Larger than the client's window, small enough for the switch's send buffer.
+    let big = sample(8 * 1024);
+    std::fs::write(site.path().join("big"), &big).unwrap();
+    std::fs::write(site.path().join("small"), b"small").unwrap();
+    let root = site.path().to_str().unwrap().to_owned();
+    let lab = Lab::up('u', &["--root", &root]);
+    lab.wait_for_a_handoff("/small");
+    let still = "switchyard_handoff_fallbacks_total{reason=\"still_sending\"}";
+    let before = lab.metric(still);
+    let moved = lab.metric("switchyard_handoff_repair_total");
+
+    let vip = lab.vip();
+    let (ns, _) = lab.host("client0");
+    let (go, read_now) = std::sync::mpsc::channel::<()>();
+    let client = std::thread::spawn(move || {
+        let ns = NetNs::open(&ns).unwrap();
+        let _g = ns.enter().unwrap();
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        // Set before connecting, so that the window offered in the handshake is small.
+        sock.set_recv_buffer_size(2048).unwrap();
+        sock.connect(&vip.into()).unwrap();
+        let mut s: TcpStream = sock.into();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(
+            b"GET /big HTTP/1.1\r\nHost: t\r\nContent-Length: 1\r\n\r\nxGET /small HTTP/1.1\r\nHost: t\r\n\r\n",
+        )
+        .unwrap();
+        read_now.recv().unwrap();
+        let mut buf = Vec::new();
+        let first = read_one(&mut s, &mut buf).unwrap();
+        let second = read_one(&mut s, &mut buf).unwrap();
+        (first, second)
+    });
+    let until = Instant::now() + Duration::from_secs(10);
+    while lab.metric(still) <= before {
+        assert!(
+            Instant::now() < until,
+            "the second request was never relayed for unsent bytes\n{}\n{}",
+            lab.switch_metrics(),
+            lab.logs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    go.send(()).unwrap();
+    let (first, second) = client.join().unwrap();
+    assert_eq!(first, (200, big));
+    assert_eq!(second, (200, b"small".to_vec()));
+    // Neither request moved the connection.
+    assert_eq!(lab.metric("switchyard_handoff_repair_total"), moved);
+    assert_eq!(lab.abandoned(), 0.0);
 }
 
 /// `cmd` run in namespace `ns` (`ip netns exec`).
