@@ -117,11 +117,14 @@ mod tests {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../switchyard.example.toml");
         let text = std::fs::read_to_string(path).unwrap();
         let start = text.find("# [cluster]").expect("a [cluster] example");
+        // The `[cluster]` tables only: up to the next commented table of another name.
         let table: String = text[start..]
             .lines()
             .map(|l| l.strip_prefix("# ").unwrap_or(l))
+            .take_while(|l| !l.starts_with('[') || l.starts_with("[cluster"))
             .collect::<Vec<_>>()
             .join("\n");
+        assert!(!table.lines().any(|l| l.starts_with("[rescue")), "{table}");
         let cfg = FileConfig::parse(&table).unwrap();
         let mut c = cfg.cluster.expect("the [cluster] table");
         assert_eq!(c.members.len(), 2);

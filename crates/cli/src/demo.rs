@@ -67,10 +67,12 @@ pub struct DemoArgs {
 }
 
 /// What [`generate_site`] wrote.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SiteSummary {
     pub files: usize,
     pub bytes: u64,
+    /// A page of the site to suggest trying (a URL path).
+    pub sample: String,
 }
 
 /// Write a deterministic sample site: an index, HTML pages of 1–64 KiB,
@@ -123,7 +125,11 @@ pub fn generate_site(dir: &Path, seed: u64) -> std::io::Result<SiteSummary> {
     }
     index.push_str("</ul></body></html>\n");
     put("index.html", index.as_bytes())?;
-    Ok(SiteSummary { files, bytes })
+    Ok(SiteSummary {
+        files,
+        bytes,
+        sample: "/pages/p1.html".to_owned(),
+    })
 }
 
 /// A node running as a child process of the demo.
@@ -216,7 +222,14 @@ impl Drop for NodeProcess {
 
 /// Count the files and bytes under an existing root.
 fn describe_root(root: &Path) -> SiteSummary {
-    let mut sum = SiteSummary { files: 0, bytes: 0 };
+    let mut sum = SiteSummary {
+        files: 0,
+        bytes: 0,
+        sample: String::new(),
+    };
+    // The suggested page: the site's index if it has one, else its first file by name among
+    // those whose names need no escaping in a URL.
+    let mut first: Option<String> = None;
     let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
         let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -228,11 +241,32 @@ fn describe_root(root: &Path) -> SiteSummary {
                 Ok(t) if t.is_file() => {
                     sum.files += 1;
                     sum.bytes += e.metadata().map_or(0, |m| m.len());
+                    let url = e
+                        .path()
+                        .strip_prefix(root)
+                        .ok()
+                        .and_then(|r| r.to_str())
+                        .filter(|r| {
+                            r.bytes().all(|b| {
+                                b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b'/')
+                            })
+                        })
+                        .map(|r| format!("/{r}"));
+                    if let Some(url) = url {
+                        if first.as_ref().is_none_or(|f| url < *f) {
+                            first = Some(url);
+                        }
+                    }
                 }
                 _ => {}
             }
         }
     }
+    sum.sample = if root.join("index.html").is_file() {
+        "/".to_owned()
+    } else {
+        first.unwrap_or_else(|| "/".to_owned())
+    };
     sum
 }
 
@@ -330,7 +364,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         for (i, n) in nodes.iter().enumerate() {
             writeln!(out, "           http://{}/metrics   (node {} at {})", n.admin, i + 1, n.addr)?;
         }
-        writeln!(out, "  try:     curl -i http://{}/pages/p1.html", switch.addr())?;
+        writeln!(out, "  try:     curl -i http://{}{}", switch.addr(), site.sample)?;
         writeln!(out, "  status:  switchyard status --admin {admin} --watch")?;
         writeln!(out, "Press Ctrl-C to stop.")?;
         out.flush()?;
@@ -455,7 +489,7 @@ fn run_cooperative(
         for (i, n) in nodes.iter().enumerate() {
             writeln!(out, "  metrics: http://{}/metrics   (node n{})", n.admin, i + 1)?;
         }
-        writeln!(out, "  try:     curl -i http://{}/pages/p1.html", args.listen)?;
+        writeln!(out, "  try:     curl -i http://{}{}", args.listen, site.sample)?;
         writeln!(out, "Press Ctrl-C to stop.")?;
         out.flush()?;
         drop(out);
@@ -499,5 +533,22 @@ mod tests {
             std::fs::read(a.path().join("objects/o9.bin")).unwrap(),
             std::fs::read(c.path().join("objects/o9.bin")).unwrap()
         );
+        assert!(a.path().join(&sa.sample[1..]).is_file(), "{}", sa.sample);
+    }
+
+    #[test]
+    fn the_suggested_page_of_a_given_root_exists() {
+        let r = tempfile::tempdir().unwrap();
+        assert_eq!(describe_root(r.path()).sample, "/");
+        std::fs::create_dir_all(r.path().join("b/c")).unwrap();
+        std::fs::write(r.path().join("b/c/z.txt"), b"z").unwrap();
+        std::fs::write(r.path().join("b/a b.txt"), b"x").unwrap();
+        std::fs::write(r.path().join("d.txt"), b"d").unwrap();
+        let sum = describe_root(r.path());
+        assert_eq!((sum.files, sum.bytes), (3, 3));
+        // The first by name whose name needs no escaping.
+        assert_eq!(sum.sample, "/b/c/z.txt");
+        std::fs::write(r.path().join("index.html"), b"i").unwrap();
+        assert_eq!(describe_root(r.path()).sample, "/");
     }
 }
