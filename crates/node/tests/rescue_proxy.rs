@@ -563,6 +563,54 @@ fn a_failed_revalidation_serves_the_stale_object_unless_it_must_revalidate() {
     assert_eq!(rescue.stats().stale_served, s.stale_served);
 }
 
+/// The spool files of large objects are bounded on disk: one that would take them over
+/// `spool_bytes` is relayed to its client instead (correct bytes, counted), and a spool's
+/// bytes come back once its clients are done.
+#[test]
+fn spool_files_are_bounded_by_spool_bytes() {
+    let origin = Origin::start();
+    let spool_dir = tempfile::tempdir().unwrap();
+    let dir = spool_dir.path().to_path_buf();
+    let (node, rescue) = rescue_node(|r| {
+        r.proxy.max_object_bytes = 10_000;
+        r.proxy.spool_bytes = BIG as u64 - 1;
+        r.proxy.spool_dir = Some(dir);
+    });
+    rescue.add_origin(PeerId(1), &origin.sos(), ALIAS).unwrap();
+    let mut c = node.client();
+    for _ in 0..2 {
+        let r = get(&mut c, ALIAS, "/big");
+        assert_eq!((r.status, r.body.len()), (200, BIG));
+    }
+    let s = rescue.stats();
+    assert_eq!((s.spooled, s.spool_full, s.relayed), (0, 2, 2), "{s:?}");
+    assert_eq!(s.spool_bytes, 0);
+    // Each: the shared fetch, given up at the head (no room to spool), then the client's own.
+    assert_eq!(origin.count("/big"), 4);
+    assert!(node
+        .metrics()
+        .contains("switchyard_node_rescue_proxy_spool_full_total 2"));
+
+    // Room for exactly one: spooled, and its bytes given back after the answer.
+    let (node, rescue) = rescue_node(|r| {
+        r.proxy.max_object_bytes = 10_000;
+        r.proxy.spool_bytes = BIG as u64;
+        r.proxy.spool_dir = Some(spool_dir.path().to_path_buf());
+    });
+    rescue.add_origin(PeerId(1), &origin.sos(), ALIAS).unwrap();
+    let mut c = node.client();
+    let r = get(&mut c, ALIAS, "/big");
+    assert_eq!((r.status, r.body.len()), (200, BIG));
+    assert!(eventually(Duration::from_secs(10), || rescue
+        .stats()
+        .spool_bytes
+        == 0));
+    let s = rescue.stats();
+    assert_eq!((s.spooled, s.spool_full), (1, 0), "{s:?}");
+    // The spool files are unlinked from the start: nothing is left in their directory.
+    assert_eq!(std::fs::read_dir(spool_dir.path()).unwrap().count(), 0);
+}
+
 #[test]
 fn object_cap_and_origin_budget_hold() {
     let origin = Origin::start();

@@ -271,6 +271,14 @@ pub struct ProxyConfig {
     /// Time allowed for a fetch from the origin (connect, response head and whole body) before
     /// the waiting clients get 504, milliseconds. Default 10000.
     pub fetch_timeout_ms: u64,
+    /// Disk bytes that the spool files of objects over `max_object_bytes` may take at once
+    /// (each such object is fetched once and written to a spool file that its clients read as
+    /// it fills; the file goes when the last of them is done). An object that would take the
+    /// total over is relayed to each client instead. Default 1 GiB.
+    pub spool_bytes: u64,
+    /// Directory of the spool files (they are unlinked from the start). Default: the system's
+    /// temporary directory (`$TMPDIR`, else /tmp).
+    pub spool_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for ProxyConfig {
@@ -281,6 +289,8 @@ impl Default for ProxyConfig {
             max_object_bytes: 1 << 20,
             fresh_ms: 10_000,
             fetch_timeout_ms: 10_000,
+            spool_bytes: 1 << 30,
+            spool_dir: None,
         }
     }
 }
@@ -317,6 +327,11 @@ impl ProxyConfig {
         }
         if self.fetch_timeout_ms == 0 {
             return err("proxy.fetch_timeout_ms", "must be at least 1");
+        }
+        if let Some(dir) = &self.spool_dir {
+            if !dir.is_dir() {
+                return err("proxy.spool_dir", "must be an existing directory");
+            }
         }
         Ok(())
     }
@@ -753,6 +768,9 @@ mod tests {
                 c.proxy.max_object_bytes = c.proxy.origin_bytes + 1
             }),
             ("proxy.fetch_timeout_ms", |c| c.proxy.fetch_timeout_ms = 0),
+            ("proxy.spool_dir", |c| {
+                c.proxy.spool_dir = Some("/nonexistent/switchyard-spool".into())
+            }),
         ];
         for (key, f) in bad {
             let mut c = base();

@@ -56,7 +56,7 @@ use switchyard_upstream::Pool;
 use tokio::sync::watch;
 
 use fetch::{Fetched, Object, Sharing, Target};
-use spool::Spool;
+use spool::{Spool, SpoolBudget};
 use store::ProxyStore;
 
 /// Idle connections kept per origin on each worker thread.
@@ -117,6 +117,7 @@ struct Counters {
     stale_served: AtomicU64,
     relayed: AtomicU64,
     spooled: AtomicU64,
+    spool_full: AtomicU64,
     misdirected: AtomicU64,
     refused: AtomicU64,
     redirected: AtomicU64,
@@ -143,6 +144,11 @@ pub struct RescueStats {
     pub relayed: u64,
     /// Requests answered from the one shared fetch of a large object (its spool).
     pub spooled: u64,
+    /// Large objects relayed per client because the spool files in use were at
+    /// `spool_bytes`.
+    pub spool_full: u64,
+    /// Disk bytes reserved by the spool files in use now.
+    pub spool_bytes: u64,
     /// Requests for names this server does not serve (421).
     pub misdirected: u64,
     /// Requests for an origin refused before any fetch (400, 405).
@@ -162,6 +168,8 @@ pub(crate) struct RescueProxy {
     flights: Mutex<HashMap<FlightKey, watch::Receiver<Option<Arc<Outcome>>>>>,
     pool: Pool,
     counters: Counters,
+    /// The disk bytes of spool files open at once (`[rescue.proxy] spool_bytes`).
+    spools: Arc<SpoolBudget>,
 }
 
 impl std::fmt::Debug for RescueProxy {
@@ -223,6 +231,7 @@ impl RescueProxy {
             flights: Mutex::new(HashMap::new()),
             pool: Pool::new(usize::MAX, MAX_IDLE_PER_ORIGIN),
             counters: Counters::default(),
+            spools: SpoolBudget::new(cfg.proxy.spool_bytes),
             epoch: Instant::now(),
             cfg,
         }
@@ -408,7 +417,19 @@ impl RescueProxy {
                 len,
                 keep_alive,
                 until,
-            } => match Spool::new(status, kept, len) {
+            } => match self
+                .spools
+                .reserve(len)
+                .ok_or_else(|| {
+                    c.spool_full.fetch_add(1, Relaxed);
+                    std::io::Error::other(format!(
+                        "the spool files in use hold {} of {} bytes",
+                        self.spools.used(),
+                        self.cfg.proxy.spool_bytes
+                    ))
+                })
+                .and_then(|r| Spool::new(status, kept, r, self.cfg.proxy.spool_dir.as_deref()))
+            {
                 Ok(spool) => {
                     // The waiters (and requests arriving while the body comes) read the spool
                     // as it fills; the flight stays in the table until the body is complete.
@@ -421,7 +442,7 @@ impl RescueProxy {
                     return;
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot make a spool file; relaying per client");
+                    tracing::warn!(error = %e, len, "cannot spool a large object; relaying it per client");
                     Outcome::Relay
                 }
             },
@@ -487,6 +508,8 @@ impl RescueProxy {
             stale_served: c.stale_served.load(Relaxed),
             relayed: c.relayed.load(Relaxed),
             spooled: c.spooled.load(Relaxed),
+            spool_full: c.spool_full.load(Relaxed),
+            spool_bytes: self.spools.used(),
             misdirected: c.misdirected.load(Relaxed),
             refused: c.refused.load(Relaxed),
             redirected: c.redirected.load(Relaxed),
@@ -587,7 +610,7 @@ struct RescueCollector(Arc<RescueProxy>);
 impl Collector for RescueCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let s = self.0.stats();
-        let counters: [(&str, &str, u64); 12] = [
+        let counters: [(&str, &str, u64); 13] = [
             (
                 "switchyard_node_rescue_proxy_hits",
                 "Rescue proxy requests answered from a fresh stored object",
@@ -634,6 +657,11 @@ impl Collector for RescueCollector {
                 s.spooled,
             ),
             (
+                "switchyard_node_rescue_proxy_spool_full",
+                "Large objects relayed per client because the spool files in use were at spool_bytes",
+                s.spool_full,
+            ),
+            (
                 "switchyard_node_rescue_misdirected",
                 "Requests for names this server does not serve (421)",
                 s.misdirected,
@@ -656,6 +684,12 @@ impl Collector for RescueCollector {
             let st = self.0.store.lock();
             (st.objects(), st.total_used())
         };
+        gauge(
+            &mut enc,
+            "switchyard_node_rescue_proxy_spool_bytes",
+            "Disk bytes reserved by the rescue proxy's spool files in use",
+            s.spool_bytes as i64,
+        )?;
         gauge(
             &mut enc,
             "switchyard_node_rescue_proxy_objects",

@@ -20,9 +20,17 @@
 //!
 //! File writes and reads are plain positional calls on the runtime thread: they go to the
 //! page cache in pieces of at most [`CHUNK`] bytes, like the node's own file reads.
+//!
+//! The spool files in use at once are bounded in bytes ([`SpoolBudget`], `[rescue.proxy]
+//! spool_bytes`): a spool reserves its whole length before its file is made and gives it back
+//! when the last client is done with it (the file goes with it). An object that does not fit
+//! is relayed to each client, as one without a length is.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 use switchyard_upstream::{Connection, Pool};
 use tokio::sync::watch;
@@ -44,6 +52,53 @@ pub(crate) enum Progress {
     Failed(u64),
 }
 
+/// The disk bytes the spool files may take at once.
+#[derive(Debug)]
+pub(crate) struct SpoolBudget {
+    cap: u64,
+    used: AtomicU64,
+}
+
+impl SpoolBudget {
+    pub(crate) fn new(cap: u64) -> Arc<SpoolBudget> {
+        Arc::new(SpoolBudget {
+            cap,
+            used: AtomicU64::new(0),
+        })
+    }
+
+    /// Take `len` bytes of the budget, if they are free.
+    pub(crate) fn reserve(self: &Arc<Self>, len: u64) -> Option<Reserved> {
+        self.used
+            .fetch_update(Relaxed, Relaxed, |used| {
+                used.checked_add(len).filter(|&total| total <= self.cap)
+            })
+            .ok()?;
+        Some(Reserved {
+            budget: self.clone(),
+            len,
+        })
+    }
+
+    /// Bytes reserved now.
+    pub(crate) fn used(&self) -> u64 {
+        self.used.load(Relaxed)
+    }
+}
+
+/// Bytes of the [`SpoolBudget`] held by one spool; given back when dropped.
+#[derive(Debug)]
+pub(crate) struct Reserved {
+    budget: Arc<SpoolBudget>,
+    len: u64,
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        self.budget.used.fetch_sub(self.len, Relaxed);
+    }
+}
+
 /// A large response being fetched once for every client that waits for it.
 #[derive(Debug)]
 pub(crate) struct Spool {
@@ -55,17 +110,30 @@ pub(crate) struct Spool {
     pub(crate) len: u64,
     file: File,
     progress: watch::Sender<Progress>,
+    /// The spool's share of the budget, held while anyone holds the spool.
+    _reserved: Reserved,
 }
 
 impl Spool {
-    /// A spool for a body of `len` bytes, in an anonymous file in the temporary directory.
-    pub(crate) fn new(status: u16, kept: Kept, len: u64) -> std::io::Result<Spool> {
+    /// A spool for a body of `len` bytes (reserved in `reserved`), in an anonymous file in
+    /// `dir` (the temporary directory when `None`).
+    pub(crate) fn new(
+        status: u16,
+        kept: Kept,
+        reserved: Reserved,
+        dir: Option<&Path>,
+    ) -> std::io::Result<Spool> {
+        let file = match dir {
+            Some(d) => tempfile::tempfile_in(d)?,
+            None => tempfile::tempfile()?,
+        };
         Ok(Spool {
             status,
             kept,
-            len,
-            file: tempfile::tempfile()?,
+            len: reserved.len,
+            file,
             progress: watch::Sender::new(Progress::Writing(0)),
+            _reserved: reserved,
         })
     }
 
@@ -167,8 +235,9 @@ mod tests {
     async fn readers_get_the_whole_body_whenever_they_start() {
         let (origin, client) = listener().await;
         let body: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
-        let spool =
-            std::sync::Arc::new(Spool::new(200, Kept::default(), body.len() as u64).unwrap());
+        let budget = SpoolBudget::new(1 << 20);
+        let reserved = budget.reserve(body.len() as u64).unwrap();
+        let spool = Arc::new(Spool::new(200, Kept::default(), reserved, None).unwrap());
         let pool = Pool::new(4, 4);
         let conn = switchyard_upstream::connect(client, std::time::Duration::from_secs(5))
             .await
@@ -205,7 +274,10 @@ mod tests {
     #[tokio::test]
     async fn readers_see_a_fetch_that_broke_off() {
         let (origin, client) = listener().await;
-        let spool = std::sync::Arc::new(Spool::new(200, Kept::default(), 1000).unwrap());
+        let budget = SpoolBudget::new(1000);
+        let dir = tempfile::tempdir().unwrap();
+        let reserved = budget.reserve(1000).unwrap();
+        let spool = Arc::new(Spool::new(200, Kept::default(), reserved, Some(dir.path())).unwrap());
         let pool = Pool::new(4, 4);
         let conn = switchyard_upstream::connect(client, std::time::Duration::from_secs(5))
             .await
@@ -225,6 +297,29 @@ mod tests {
             spool.read(&mut rx, 300, CHUNK, &mut out).await,
             Err(SpoolBroken)
         );
+    }
+
+    #[test]
+    fn the_budget_bounds_the_spools_open_at_once() {
+        let budget = SpoolBudget::new(1000);
+        let a = budget.reserve(600).unwrap();
+        assert!(budget.reserve(401).is_none());
+        let b = budget.reserve(400).unwrap();
+        assert_eq!(budget.used(), 1000);
+        assert!(budget.reserve(1).is_none());
+        assert!(budget.reserve(u64::MAX).is_none());
+        drop(a);
+        assert_eq!(budget.used(), 400);
+        let spool = Spool::new(200, Kept::default(), budget.reserve(600).unwrap(), None).unwrap();
+        assert_eq!(spool.len, 600);
+        drop(b);
+        // Given back when the last holder of the spool lets go.
+        let shared = Arc::new(spool);
+        let reader = shared.clone();
+        drop(shared);
+        assert_eq!(budget.used(), 600);
+        drop(reader);
+        assert_eq!(budget.used(), 0);
     }
 
     async fn read_all(spool: &Spool) -> Result<Vec<u8>, SpoolBroken> {
