@@ -660,16 +660,23 @@ fn an_ended_origin_is_redirected_back() {
     assert_eq!(get(&mut c, ALIAS, "/a?b=c").status, 200);
     rescue.end_origin(ALIAS).unwrap();
     let port = origin.addr.port();
-    for host in [ALIAS, FQDN] {
-        let r = get(&mut c, host, "/a?b=c");
-        assert_eq!(r.status, 302);
-        assert_eq!(
-            r.header("location"),
-            Some(format!("http://{FQDN}:{port}/a?b=c").as_str())
-        );
-    }
+    // Its virtual host name is sent back to its own name.
+    let r = get(&mut c, ALIAS, "/a?b=c");
+    assert_eq!(r.status, 302);
+    assert_eq!(
+        r.header("location"),
+        Some(format!("http://{FQDN}:{port}/a?b=c").as_str())
+    );
     assert_eq!(origin.seen().len(), 1, "nothing more was fetched");
-    assert_eq!(rescue.stats().redirected, 2);
+    assert_eq!(rescue.stats().redirected, 1);
+    // Its own name came by DNS round robin from a resolver that still has this server's
+    // address: a redirect to that name could come straight back, so it is proxied, uncached.
+    for _ in 0..2 {
+        let r = get(&mut c, FQDN, "/a?b=c");
+        assert_eq!(r.status, 200);
+    }
+    assert_eq!(origin.seen().len(), 3);
+    assert_eq!(rescue.stats().redirected, 1);
     assert!(rescue.stats().cached_bytes.is_empty());
     // The alias is never given out again.
     assert!(rescue.add_origin(PeerId(2), &origin.sos(), ALIAS).is_err());

@@ -1,6 +1,6 @@
 //! Property tests of the virtual host table against a model: aliases are never reused, a
-//! live origin's names proxy to it, an ended origin's names redirect back for exactly the
-//! configured time and are unknown afterwards, own names are always the server's, every other
+//! live origin's names proxy to it, an ended origin's virtual host name redirects back (and
+//! its own name is still proxied) for exactly the configured time, both unknown afterwards, own names are always the server's, every other
 //! name is misdirected, and the spelling of a host (case, port, trailing dot) never matters.
 
 use std::collections::HashMap;
@@ -134,8 +134,14 @@ proptest! {
                                 }
                                 Lookup::RedirectBack(o) => {
                                     prop_assert!(r.ends.is_some());
+                                    prop_assert_eq!(&name, &r.alias);
                                     prop_assert_eq!(&o.fqdn, &r.fqdn);
                                     prop_assert_eq!(o.location("/x"), format!("http://{}/x", r.fqdn));
+                                }
+                                Lookup::ProxyEnded(o) => {
+                                    prop_assert!(r.ends.is_some());
+                                    prop_assert_eq!(&name, &r.fqdn);
+                                    prop_assert_eq!(&o.alias, &r.alias);
                                 }
                                 other => prop_assert!(false, "{} gave {:?} for {:?}", s, other, r),
                             },

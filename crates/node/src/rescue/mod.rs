@@ -265,7 +265,7 @@ impl RescueProxy {
             Decision::Refuse(status)
         };
         let table = self.table.lock();
-        let (origin, live) = match table.lookup(self.now(), host) {
+        let (origin, proxy) = match table.lookup(self.now(), host) {
             Lookup::Own => return Decision::Own,
             Lookup::Misdirected => {
                 self.counters.misdirected.fetch_add(1, Relaxed);
@@ -273,6 +273,9 @@ impl RescueProxy {
             }
             Lookup::Proxy(o) => (o, true),
             Lookup::RedirectBack(o) => (o, false),
+            // Under its own name an ended origin is still proxied (uncached: it is not live),
+            // until the resolvers that send its clients here forget this server.
+            Lookup::ProxyEnded(o) => (o, true),
         };
         if !matches!(head.method, Method::Get | Method::Head) {
             return refuse(405);
@@ -284,7 +287,7 @@ impl RescueProxy {
         if switchyard_http::path::normalize(path).is_err() || path.contains('#') {
             return refuse(400);
         }
-        if !live {
+        if !proxy {
             self.counters.redirected.fetch_add(1, Relaxed);
             return Decision::Redirect(origin.location(path));
         }
