@@ -256,7 +256,7 @@ impl SitesLab {
                 let (rate, burst) = tbf_args(kbps);
                 ns.run(&[
                     "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", &rate, "burst",
-                    &burst, "latency", "50ms",
+                    &burst, "latency", "100ms",
                 ])?;
             }
             let etc = PathBuf::from(ETC_NETNS).join(&nsname);
