@@ -788,7 +788,7 @@ mod tests {
         let r = c.registry.as_ref().unwrap();
         assert_eq!(
             (r.ttl_secs, r.search_interval_ms, r.port_dots),
-            (10, 1000, 9000)
+            (10, 1000, None)
         );
         assert_eq!(r.key("www.origin.com"), "/switchyard/rescue/www.origin.com");
         let d = c.dns.as_ref().unwrap();
@@ -820,6 +820,7 @@ mod tests {
             ("[registry]\nendpoints = [\"http://a:1\"]\nsearch_interval_ms = 20000\n".into(), "registry.search_interval_ms"),
             ("[registry]\nendpoints = [\"http://a:1\"]\nprefix = \"x\"\n".into(), "registry.prefix"),
             ("[registry]\nendpoints = [\"http://a:1\"]\nmax_candidates = 0\n".into(), "registry.max_candidates"),
+            ("[registry]\nendpoints = [\"http://a:1\"]\nport_dots = 0\n".into(), "registry.port_dots"),
             (dns("tsig_algorithm = \"hmac-md5\"\n"), "dns.tsig_algorithm"),
             (dns("ttl_secs = 0\n"), "dns.ttl_secs"),
             (dns("retry_max_ms = 1\n"), "dns.retry_max_ms"),
