@@ -13,6 +13,9 @@
 # round robin; each step is then a separate `load` run per client, so that clients resolve
 # again as a real crowd's new visitors would.
 #
+# PROFILE, if set, replaces the ramp: one client's rate profile ("rate:secs,..."; see
+# crowd_profile.py for one shaped by a real per-minute request rate).
+#
 # SCALE (default 1) multiplies every D_out and the ramp's top, so that a machine whose CPU
 # cannot carry 2000 req/s runs the same experiment at a smaller size with the same ratios.
 #
@@ -205,13 +208,23 @@ with open(out, "w") as f:
         time.sleep(max(0.0, 1.0 - (time.time() - t0) % 1.0))
 PY
 pids+=($!)
+# The origin's uplink as the link itself counts it: eth0's transmitted bytes once a second.
+( while true; do
+      echo "$(date +%s.%N) $(ip netns exec "$(ns bjs)" cat /sys/class/net/eth0/statistics/tx_bytes)"
+      sleep 1
+  done > "$OUT/origin-tx.txt" ) &
+pids+=($!)
 sleep 3 # let every site register and search at least twice (1 s search interval)
 
 # --- the crowd ------------------------------------------------------------------------------------
 per_client=$(python3 -c "print($RAMP_TOP * $SCALE / 5)")
-steps=$(python3 -c "
+if [ -n "${PROFILE:-}" ]; then
+    steps="$PROFILE"
+else
+    steps=$(python3 -c "
 n, top, step = $RAMP_STEPS, $per_client, $STEP
 print(','.join(f'{top * (k + 1) / n:g}:{step}' for k in range(n)))")
+fi
 echo "$steps" > "$OUT/profile.txt"
 t_start=$(date +%s.%N)
 echo "$t_start" > "$OUT/t_start"

@@ -27,6 +27,7 @@ steps = {}
 bytes_clients = 0
 issued = completed = timeouts = errors = redirects = 0
 ok200 = 0
+statuses = {}
 if dns:
     files = sorted(glob.glob(f"{out}/client*.step*.json"))
 else:
@@ -41,6 +42,8 @@ for f in files:
     errors += j["errors_total"]
     redirects += j.get("redirects", 0)
     ok200 += j["status"].get("200", 0)
+    for k, v in j["status"].items():
+        statuses[k] = statuses.get(k, 0) + v
     for k, st in enumerate(j.get("rate_steps") or []):
         s = steps.setdefault(base + k, {"rate": 0.0, "issued": 0, "timeouts": 0, "errors": 0})
         s["rate"] += st["rate"]
@@ -59,7 +62,8 @@ for k in sorted(steps):
     worst = max(worst, pct)
     print(f"| {s['rate']:g} | {s['issued']} | {s['timeouts']} | {s['errors']} | {pct:.2f} |")
 print(f"\nAll steps: {issued} issued, {ok200} answered 200, {timeouts} timeouts, {errors} errors, "
-      f"{redirects} redirects followed; worst step {worst:.2f}% timeouts.\n")
+      f"{redirects} redirects followed; final statuses {dict(sorted(statuses.items()))}; "
+      f"worst step {worst:.2f}% timeouts.\n")
 
 # --- allocation order -------------------------------------------------------------------------------
 adds = []
@@ -112,8 +116,8 @@ for a, b in zip(run, run[1:]):
 print("| rescue server | redirects to it | expected from D_redi | ratio |")
 print("|---|---:|---:|---:|")
 for p in sorted(actual, key=lambda p: -actual[p]):
-    ratio = actual[p] / expect[p] if expect[p] else float("nan")
-    print(f"| {p} | {actual[p]} | {expect[p]:.0f} | {ratio:.2f} |")
+    ratio = f"{actual[p] / expect[p]:.2f}" if expect[p] else "-"
+    print(f"| {p} | {actual[p]} | {expect[p]:.0f} | {ratio} |")
 
 # Rescue servers' own counts of what they served for the origin.
 if run:
@@ -136,6 +140,25 @@ if rescued:
     print(f"While rescued ({len(rescued)} s): mean {mean:.0f} kB/s = {mean / limit:.2f} x D_out "
           f"(T_high x D_out = {T_HIGH * limit:.0f}), min {min(rescued):.0f}, max {max(rescued):.0f}")
 
+# The link's own count: the origin's eth0 transmitted bytes, second by second.
+try:
+    tx = [tuple(float(x) for x in l.split()) for l in open(f"{out}/origin-tx.txt") if len(l.split()) == 2]
+except FileNotFoundError:
+    tx = []
+tx = [(t, b) for t, b in tx if t_start <= t <= t_end]
+# The sampling loop's own delays make single seconds noisy: rates over 10 s windows.
+rates = []
+i = 0
+for j in range(len(tx)):
+    if tx[j][0] - tx[i][0] >= 10:
+        rates.append((tx[j][1] - tx[i][1]) / (tx[j][0] - tx[i][0]) / 1000.0)
+        i = j
+if rates:
+    whole = (tx[-1][1] - tx[0][1]) / (tx[-1][0] - tx[0][0]) / 1000.0
+    print(f"Origin uplink (eth0 transmitted bytes, all headers and ACKs included), kB/s over 10 s "
+          f"windows: {', '.join(f'{r:.0f}' for r in rates)}; whole run {whole:.0f}; windows above "
+          f"D_out = {limit}: {sum(1 for r in rates if r > limit)} of {len(rates)}")
+
 # --- totals --------------------------------------------------------------------------------------------
 if len(run) >= 2:
     srv = 0.0
@@ -145,3 +168,21 @@ if len(run) >= 2:
             srv += float(b["TotalBytesServed"]) - float(a["TotalBytesServed"])
     print(f"\nBytes: servers counted {srv / 1e6:.2f} MB (responses, redirects and rescued responses), "
           f"clients received {bytes_clients / 1e6:.2f} MB; difference {100.0 * (srv - bytes_clients) / max(bytes_clients, 1):+.2f}%")
+
+# --- which level absorbed the crowd ----------------------------------------------------------------
+if len(run) >= 2:
+    a, b = run[0]["bjs"]["auto"], run[-1]["bjs"]["auto"]
+    own = float(b["RequestsServed"]) - float(a["RequestsServed"])
+    redir = float(b["RequestsRedirected"]) - float(a["RequestsRedirected"])
+    resc = 0.0
+    for s in SITES[1:]:
+        x, y = run[0].get(s, {}).get("auto"), run[-1].get(s, {}).get("auto")
+        if x and y:
+            resc += float(y["RequestsRescued"]) - float(x["RequestsRescued"])
+    direct = max(resc - redir, 0.0)
+    total = own + redir + direct
+    if total > 0:
+        print(f"\nRequests for the origin's content: {total:.0f} arrived; the origin served {own:.0f} "
+              f"({100 * own / total:.1f}%), redirected {redir:.0f} ({100 * redir / total:.1f}%), and "
+              f"{direct:.0f} ({100 * direct / total:.1f}%) went straight to rescue servers by DNS round robin "
+              f"(rescue servers served {resc:.0f} in all).")
