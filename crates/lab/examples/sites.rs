@@ -16,7 +16,12 @@ fn usage() -> std::process::ExitCode {
 
 fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+    match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
         ["down", prefix] => {
             SitesLab::teardown(prefix);
             std::process::ExitCode::SUCCESS
@@ -50,7 +55,10 @@ fn main() -> std::process::ExitCode {
             };
             match SitesLab::build(&spec) {
                 Ok(lab) => {
-                    println!("{}", serde_json::to_string_pretty(&lab).expect("serializes"));
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&lab).expect("serializes")
+                    );
                     std::process::ExitCode::SUCCESS
                 }
                 Err(e) => {
