@@ -22,10 +22,13 @@
 //! switch and nodes on those hosts. The crate's root tests (handoff between
 //! its hosts, the lab's own life cycle) and the handoff micro-benchmark run
 //! on it; they need root and report themselves as ignored without it.
+//! [`sites`] builds the other kind of lab, independent web sites with links of their own
+//! rates, a DNS host and registry hosts, for flash-crowd rescue (bench/rescue).
 //! Errors are the handoff crate's [`HandoffError`]: everything here is
 //! namespaces and commands run in them, as in [`switchyard_handoff::netns`].
 
 pub mod cli;
+pub mod sites;
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};

@@ -47,9 +47,15 @@ pub struct Site {
 
 impl Site {
     /// The site `cfg` describes, advertising `d_free_bytes` (bytes per second, from
-    /// [`switchyard_rescue::Core::d_free`]) with its rescue protocol on `reg.port_dots`.
+    /// [`switchyard_rescue::Core::d_free`]) with its rescue protocol on `reg.port_dots`, or if
+    /// that is not set on the port of `[rescue.peering] listen` (a port 0 there makes an
+    /// invalid registration: the driver sets `port_dots` to the port it bound).
     pub fn new(cfg: &RescueConfig, reg: &RegistryConfig, d_free_bytes: f64) -> Self {
-        let mut registration = Registration::new(cfg, reg.port_dots, d_free_bytes);
+        let port = reg
+            .port_dots
+            .or_else(|| cfg.peering.as_ref().map(|p| p.listen.port()))
+            .unwrap_or(0);
+        let mut registration = Registration::new(cfg, port, d_free_bytes);
         registration.domain = reg.domain.clone();
         Site {
             registration,
@@ -255,6 +261,7 @@ async fn search_loop(
             failing = 0;
         }
         metrics.searches.inc();
+        metrics.candidates.set(ranked.len() as i64);
         state.send_modify(|s| {
             if s.candidates.as_slice() != ranked.as_slice() {
                 debug!(

@@ -87,6 +87,11 @@ impl RescueHook {
         self.registry.as_ref()
     }
 
+    /// Takes the registry out (to shut it down); candidates and d_free updates stop.
+    pub fn take_registry(&mut self) -> Option<Registry> {
+        self.registry.take()
+    }
+
     /// The DNS updater.
     pub fn dns(&self) -> Option<&DnsUpdater> {
         self.dns.as_ref()

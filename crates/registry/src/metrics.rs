@@ -2,6 +2,7 @@
 //! registry. Clones share the counters.
 
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry as PromRegistry;
 
 /// The registry's counters.
@@ -21,6 +22,8 @@ pub struct RegistryMetrics {
     pub search_failures: Counter,
     /// Registrations found in a search that were not valid, and skipped.
     pub invalid_entries: Counter,
+    /// Candidates of the last successful search (kept while searches fail).
+    pub candidates: Gauge,
 }
 
 impl RegistryMetrics {
@@ -53,6 +56,11 @@ impl RegistryMetrics {
             "invalid_entries",
             "Invalid registrations skipped",
             self.invalid_entries.clone(),
+        );
+        r.register(
+            "candidates",
+            "Candidates of the last successful search",
+            self.candidates.clone(),
         );
     }
 }

@@ -30,7 +30,7 @@ fn cfg(named: &Named, zone: &str) -> DnsConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn signed_updates_add_and_remove_round_robin_and_vhost_records() {
-    let named = Named::start();
+    let named = common::named();
     let metrics = DnsMetrics::default();
     let dns = DnsUpdater::start(&cfg(&named, "origin.test"), metrics.clone()).unwrap();
     let mut rx = dns.subscribe();
@@ -125,7 +125,7 @@ async fn expect_failures(dns: &DnsUpdater, n: u64) -> switchyard_registry::DnsSn
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_key_is_refused_retried_with_backoff_and_counted() {
-    let named = Named::start();
+    let named = common::named();
     let mut c = cfg(&named, "origin.test");
     // Another 32-byte key under the same name.
     c.tsig_secret.0 = "b3RoZXIta2V5LW9mLTMyLWJ5dGVzLWxvbmcuLi4uLi4=".into();
@@ -147,7 +147,7 @@ async fn a_wrong_key_is_refused_retried_with_backoff_and_counted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_zone_that_refuses_updates_is_retried_and_counted() {
-    let named = Named::start();
+    let named = common::named();
     let metrics = DnsMetrics::default();
     let dns = DnsUpdater::start(&cfg(&named, "refuse.test"), metrics.clone()).unwrap();
     dns.add_a("www.refuse.test", ip("10.0.0.66")).unwrap();
@@ -180,7 +180,7 @@ async fn an_update_waits_for_a_server_that_is_not_up_yet() {
     let dns = DnsUpdater::start(&c, DnsMetrics::default()).unwrap();
     dns.add_a("www.origin.test", ip("10.0.0.5")).unwrap();
     expect_failures(&dns, 1).await;
-    let named = Named::start_on(port);
+    let named = common::named_on(port);
     let mut rx = dns.subscribe();
     wait_until(&mut rx, LIMIT, "the update after the server came up", |s| {
         s.applied == 1

@@ -21,6 +21,7 @@ fn reg_cfg(etcd: &Etcd, ttl_secs: u64, search_ms: u64) -> RegistryConfig {
     c.ttl_secs = ttl_secs;
     c.search_interval_ms = search_ms;
     c.request_timeout_ms = 500;
+    c.port_dots = Some(9000);
     c
 }
 
@@ -130,7 +131,9 @@ async fn losing_the_leader_member_causes_no_false_expiry() {
     let created = before.kvs()[0].create_revision();
     let lease = before.kvs()[0].lease();
 
-    let leader = etcd.leader(0).await.expect("the cluster has a leader");
+    let leader = common::leader(&etcd, 0)
+        .await
+        .expect("the cluster has a leader");
     etcd.kill(leader);
     let killed = Instant::now();
     let others: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
@@ -163,7 +166,9 @@ async fn losing_the_leader_member_causes_no_false_expiry() {
         "searches answered after the kill: {seen_after}"
     );
     // A new leader among the two left.
-    let new_leader = etcd.leader(others[0]).await.expect("a new leader");
+    let new_leader = common::leader(&etcd, others[0])
+        .await
+        .expect("a new leader");
     assert_ne!(new_leader, leader);
     // The registration was never deleted: same key creation, same lease, still alive.
     let mut client = etcd_client::Client::connect(
@@ -288,6 +293,7 @@ fn site_process() {
         let mut cfg = RegistryConfig::new(endpoints.split(',').map(String::from).collect());
         cfg.ttl_secs = 3;
         cfg.request_timeout_ms = 500;
+        cfg.port_dots = Some(9000);
         let site = site(&cfg, "p.site.test", 1250.0);
         let r = Registry::start(&cfg, Some(site), RegistryMetrics::default())
             .await

@@ -14,8 +14,13 @@
 //! * **Actions**: `Send`/`Reply` through the peer's session (a `Send` to a peer without a
 //!   connection dials it first); `Redirect` into the [`Redirector`]; `OriginAdded` and
 //!   `OriginEnded` into the [`VirtualHosts`] of a rescue server (the node's rescue proxy);
-//!   everything for DNS and the registry (`RescuerAdded`, `RescuerEnded`, `Advertise`) to a
-//!   [`Directory`], which logs them until those services are plugged in.
+//!   every action for DNS and the registry (`RescuerAdded`, `RescuerEnded`, `Advertise`,
+//!   `OriginAdded`, `OriginEnded`) to a [`Directory`]. With `[rescue.registry]` or
+//!   `[rescue.dns]` that is [`discovery::Discovery`] (etcd and RFC 2136 updates), which also
+//!   supplies the [`Candidates`] from the registry's searches; without, a [`LogDirectory`] and
+//!   the configured peers' `d_free_kbps`. An expired origin's virtual host name is let go
+//!   (its A record removed) when the rescue server stops redirecting its clients back, the
+//!   configured `expired_redirect_secs` after the relationship ended.
 //! * **The request path** ([`Traffic`]): [`Traffic::route`] decides each request of the site's
 //!   own content (serve, 302 to a rescue server, or 503 at the redirect bound); the site counts
 //!   every response with [`Traffic::served`], [`Traffic::redirected`] (the real size of the
@@ -25,6 +30,7 @@
 //! sessions and the connection table share one mutex (every call under it is short and never
 //! waits on I/O); the request path has its own.
 
+pub mod discovery;
 pub mod metrics;
 #[cfg(feature = "test-certs")]
 pub mod testcerts;
@@ -80,7 +86,8 @@ pub trait VirtualHosts: Send + Sync {
     fn origin_ended(&self, alias: &str) -> Result<(), String>;
 }
 
-/// Where rescue candidates come from: the configured peers now, the service registry later.
+/// Where rescue candidates come from: the configured peers ([`StaticCandidates`]) or the
+/// service registry ([`discovery::Discovery`]).
 pub trait Candidates: Send + Sync {
     /// The candidates known now.
     fn candidates(&self) -> Vec<Candidate>;
@@ -115,11 +122,16 @@ impl Candidates for StaticCandidates {
     }
 }
 
-/// DNS round robin and the registry: the core's `RescuerAdded`, `RescuerEnded`, `Advertise`
-/// and `StateChanged` actions.
+/// DNS round robin and the registry: the core's `RescuerAdded`, `RescuerEnded`, `Advertise`,
+/// `StateChanged`, `OriginAdded` and `OriginEnded` actions.
 pub trait Directory: Send + Sync {
     /// One action for DNS or the registry, with the name of the peer it concerns.
     fn on_action(&self, action: &Action, peer_name: Option<&str>);
+    /// The virtual host name `alias` of an ended relationship is no longer served (not even
+    /// redirected back): its name can go.
+    fn vhost_expired(&self, alias: &str) {
+        tracing::debug!(alias, "virtual host name expired");
+    }
 }
 
 /// A [`Directory`] that logs what DNS and the registry would be told.
@@ -267,6 +279,9 @@ struct Control {
     conns: HashMap<PeerId, Conn>,
     next_conn: u64,
     ticks: u64,
+    /// Virtual host names of ended relationships and when the rescue proxy lets them go
+    /// (`expired_redirect_secs` after the end), in that order.
+    expiring: std::collections::VecDeque<(Duration, String)>,
 }
 
 struct Shared {
@@ -278,6 +293,8 @@ struct Shared {
     vhosts: Option<Arc<dyn VirtualHosts>>,
     candidates: Arc<dyn Candidates>,
     directory: Arc<dyn Directory>,
+    discovery: Option<Arc<discovery::Discovery>>,
+    discovery_metrics: discovery::DiscoveryMetrics,
     acceptor: TlsAcceptor,
     connector: TlsConnector,
     counters: Counters,
@@ -295,9 +312,11 @@ pub struct DriverParts {
     /// A rescue server's virtual hosts; `None` on a site that only asks for rescue (it then
     /// refuses no SOS itself: the core decides, but origins it accepts are not served).
     pub vhosts: Option<Arc<dyn VirtualHosts>>,
-    /// Rescue candidates; `None`: the configured peers with a `d_free_kbps`.
+    /// Rescue candidates; `None`: the registry's with `[rescue.registry]`, else the configured
+    /// peers with a `d_free_kbps`.
     pub candidates: Option<Arc<dyn Candidates>>,
-    /// DNS and registry; `None`: [`LogDirectory`].
+    /// DNS and registry; `None`: the registry and DNS updates of `[rescue.registry]` and
+    /// `[rescue.dns]`, or a [`LogDirectory`] without them.
     pub directory: Option<Arc<dyn Directory>>,
 }
 
@@ -328,6 +347,7 @@ impl Driver {
             .clone()
             .ok_or_else(|| DriverError::Config("no [rescue.peering] table".into()))?;
         let core = Core::new(cfg.clone()).map_err(|e| DriverError::Config(e.to_string()))?;
+        let d_free = core.d_free();
         let (server, client) = parts.identity.configs()?;
         let listener =
             TcpListener::bind(peering.listen)
@@ -342,9 +362,30 @@ impl Driver {
         })?;
         let epoch = Instant::now();
         let (stop, stop_rx) = watch::channel(false);
-        let candidates = parts
-            .candidates
-            .unwrap_or_else(|| Arc::new(StaticCandidates::from_peers(&peering.peers)));
+        let discovery_metrics = discovery::DiscoveryMetrics::default();
+        let discovery = if parts.candidates.is_none() || parts.directory.is_none() {
+            discovery::Discovery::start(
+                &cfg,
+                &peering.peers,
+                d_free,
+                addr.port(),
+                &discovery_metrics,
+            )
+            .await?
+            .map(Arc::new)
+        } else {
+            None
+        };
+        let candidates: Arc<dyn Candidates> = match (parts.candidates, &discovery) {
+            (Some(c), _) => c,
+            (None, Some(d)) if d.has_registry() => d.clone(),
+            (None, _) => Arc::new(StaticCandidates::from_peers(&peering.peers)),
+        };
+        let directory: Arc<dyn Directory> = match (parts.directory, &discovery) {
+            (Some(d), _) => d,
+            (None, Some(d)) => d.clone(),
+            (None, None) => Arc::new(LogDirectory),
+        };
         let shared = Arc::new(Shared {
             epoch,
             traffic: Arc::new(Traffic::new(&cfg)),
@@ -353,12 +394,15 @@ impl Driver {
                 conns: HashMap::new(),
                 next_conn: 1,
                 ticks: 0,
+                expiring: Default::default(),
             }),
             peers: peering.peers.clone(),
             cfg,
             vhosts: parts.vhosts,
             candidates,
-            directory: parts.directory.unwrap_or_else(|| Arc::new(LogDirectory)),
+            directory,
+            discovery,
+            discovery_metrics,
             acceptor: TlsAcceptor::from(server),
             connector: TlsConnector::from(client),
             counters: Counters::default(),
@@ -413,6 +457,11 @@ impl Driver {
         StatusSource(Arc::downgrade(&self.shared))
     }
 
+    /// The registry and DNS side, with `[rescue.registry]` or `[rescue.dns]`.
+    pub fn discovery(&self) -> Option<&discovery::Discovery> {
+        self.shared.discovery.as_deref()
+    }
+
     /// Closes the connection to `peer`, if any: every relationship with it ends here, and the
     /// peer ends its side when it sees the connection close.
     pub fn disconnect(&self, peer: PeerId) {
@@ -427,11 +476,14 @@ impl Driver {
         self.shared.bump();
     }
 
-    /// Stops every task and closes every connection.
+    /// Stops every task, closes every connection and withdraws the registration.
     pub async fn shutdown(mut self) {
         let _ = self.stop.send(true);
         for t in self.tasks.drain(..) {
             let _ = t.await;
+        }
+        if let Some(d) = &self.shared.discovery {
+            d.withdraw().await;
         }
         let mut ctl = self.shared.control.lock();
         for (_, c) in ctl.conns.drain() {
@@ -509,6 +561,10 @@ impl Shared {
             ctl.ticks += 1;
             let acts = ctl.core.on_tick(now, &m, &candidates);
             self.apply(&mut ctl, now, acts);
+            while ctl.expiring.front().is_some_and(|(at, _)| *at <= now) {
+                let (_, alias) = ctl.expiring.pop_front().expect("checked above");
+                self.directory.vhost_expired(&alias);
+            }
             // Connections we dialed that nothing depends on any more are closed.
             let idle: Vec<(PeerId, u64)> = ctl
                 .conns
@@ -605,6 +661,7 @@ impl Shared {
                             "this site has no rescue proxy: the origin's requests are misdirected"
                         ),
                     }
+                    self.directory.on_action(&a, Some(self.peer_name(peer)));
                 }
                 Action::OriginEnded {
                     peer,
@@ -619,6 +676,9 @@ impl Shared {
                             tracing::warn!(alias = %alias, error = %e, "virtual host not ended");
                         }
                     }
+                    ctl.expiring
+                        .push_back((now + self.cfg.expired_redirect(), alias.clone()));
+                    self.directory.on_action(&a, Some(self.peer_name(peer)));
                 }
                 other => {
                     let peer = match &other {

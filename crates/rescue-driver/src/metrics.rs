@@ -8,8 +8,20 @@ use switchyard_admin::encode::{counter, gauge, labelled};
 
 use crate::StatusSource;
 
-/// Registers the driver's metrics (`switchyard_rescue_*`).
+/// Registers the driver's metrics (`switchyard_rescue_*`), and with `[rescue.registry]` or
+/// `[rescue.dns]` the registry's and the DNS updater's counters (`rescue_registry_*`,
+/// `rescue_dns_*`).
 pub fn register(registry: &mut Registry, source: StatusSource) {
+    if let Some(shared) = source.0.upgrade() {
+        if let Some(d) = &shared.discovery {
+            if d.has_registry() {
+                shared.discovery_metrics.registry.register(registry);
+            }
+            if d.dns_snapshot().is_some() {
+                shared.discovery_metrics.dns.register(registry);
+            }
+        }
+    }
     registry.register_collector(Box::new(RescueMetrics(source)));
 }
 

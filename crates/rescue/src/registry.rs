@@ -396,8 +396,10 @@ pub struct RegistryConfig {
     #[serde(default = "d_max_candidates")]
     pub max_candidates: usize,
     /// The port of this site's rescue protocol (PortDots), registered for others to connect to.
-    #[serde(default = "d_port_dots")]
-    pub port_dots: u16,
+    /// None (the default): the port the `[rescue.peering]` listener is bound to. Set it when
+    /// peers reach this site through a translated address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port_dots: Option<u16>,
     /// This site's administrative domain, registered so origins can spread their rescue servers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub domain: Option<String>,
@@ -418,9 +420,6 @@ fn d_prefix() -> String {
 fn d_max_candidates() -> usize {
     32
 }
-fn d_port_dots() -> u16 {
-    9000
-}
 
 impl RegistryConfig {
     /// The defaults with these endpoints.
@@ -432,7 +431,7 @@ impl RegistryConfig {
             request_timeout_ms: d_req_timeout(),
             prefix: d_prefix(),
             max_candidates: d_max_candidates(),
-            port_dots: d_port_dots(),
+            port_dots: None,
             domain: None,
         }
     }
@@ -508,7 +507,7 @@ impl RegistryConfig {
         if self.max_candidates == 0 {
             return err("registry.max_candidates", "must be at least 1".into());
         }
-        if self.port_dots == 0 {
+        if self.port_dots == Some(0) {
             return err("registry.port_dots", "must not be 0".into());
         }
         if let Some(d) = &self.domain {
@@ -789,7 +788,7 @@ mod tests {
         let r = c.registry.as_ref().unwrap();
         assert_eq!(
             (r.ttl_secs, r.search_interval_ms, r.port_dots),
-            (10, 1000, 9000)
+            (10, 1000, None)
         );
         assert_eq!(r.key("www.origin.com"), "/switchyard/rescue/www.origin.com");
         let d = c.dns.as_ref().unwrap();
@@ -821,6 +820,7 @@ mod tests {
             ("[registry]\nendpoints = [\"http://a:1\"]\nsearch_interval_ms = 20000\n".into(), "registry.search_interval_ms"),
             ("[registry]\nendpoints = [\"http://a:1\"]\nprefix = \"x\"\n".into(), "registry.prefix"),
             ("[registry]\nendpoints = [\"http://a:1\"]\nmax_candidates = 0\n".into(), "registry.max_candidates"),
+            ("[registry]\nendpoints = [\"http://a:1\"]\nport_dots = 0\n".into(), "registry.port_dots"),
             (dns("tsig_algorithm = \"hmac-md5\"\n"), "dns.tsig_algorithm"),
             (dns("ttl_secs = 0\n"), "dns.ttl_secs"),
             (dns("retry_max_ms = 1\n"), "dns.retry_max_ms"),

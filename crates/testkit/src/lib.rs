@@ -16,6 +16,8 @@
 //!   `/metrics`).
 //! * [`crowd`]: a flash crowd's client for the rescue suites (a loopback address of its own,
 //!   redirects followed to the rescue server).
+//! * [`engines`]: a real etcd cluster and a real BIND 9 named with TSIG-updatable zones,
+//!   started from temporary directories on free loopback ports, and `dig` as their client.
 //! * [`exit`]: a process's exit as an event (a pidfd), to wait for processes
 //!   without polling.
 //! * `root` (feature `root`): the runner of the root test targets, which
@@ -27,6 +29,7 @@
 
 pub mod app;
 pub mod crowd;
+pub mod engines;
 pub mod exit;
 pub mod fixture;
 pub mod http;
