@@ -1667,24 +1667,15 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
 // ---- workloads and sweeps -------------------------------------------------------------------
 
 /// Files of the UC Berkeley trace seed 000 §5.1 replayed.
-pub const BERKELEY_FILES: u64 = 74_820;
+pub const BERKELEY_FILES: u64 = switchyard_trace::synth::CYCLONE_FILES;
 /// Their total size, bytes (about 650 MB).
-pub const BERKELEY_BYTES: u64 = 650_000_000;
+pub const BERKELEY_BYTES: u64 = switchyard_trace::synth::CYCLONE_BYTES;
 
-/// A synthetic trace shaped like seed 000's (74,820 files, about 650 MB, Zipf-like popularity),
-/// `scale` times as large in files and bytes (0 < scale <= 1), with `requests` requests.
+/// A synthetic trace shaped like seed 000's ([`SynthConfig::cyclone`]: 74,820 files, about
+/// 650 MB, Zipf-like popularity), `scale` times as large in files and bytes (0 < scale <= 1),
+/// with `requests` requests.
 pub fn berkeley_synth(scale: f64, requests: u64, zipf_alpha: f64, seed: u64) -> SynthConfig {
-    let scale = scale.clamp(1e-4, 1.0);
-    SynthConfig {
-        seed,
-        targets: Some(((BERKELEY_FILES as f64 * scale).round() as u64).max(10)),
-        total_bytes: Some(((BERKELEY_BYTES as f64 * scale).round() as u64).max(10_000)),
-        zipf_alpha,
-        requests,
-        clients: 20_000,
-        session_interarrival_secs: 0.5,
-        ..SynthConfig::default()
-    }
+    SynthConfig::cyclone(scale, requests, zipf_alpha, seed)
 }
 
 /// Runs every system at every cluster size on `workload`, `threads` runs at a time (0: one
