@@ -86,6 +86,13 @@ fn at_eight_nodes_cyclone_beats_sc_beats_cf_rep_beats_cf() {
     // The working set fits in 8 nodes' memory when nothing is duplicated.
     assert!(sc.disk_rate < 0.01, "{}", sc.disk_rate);
     assert!(cy.replica_hit_rate > 0.2, "{}", cy.replica_hit_rate);
+    // Seed 000 §5.2.3: Cyclone's first byte comes less than 1 ms after SC's.
+    assert!(
+        cy.mean_first_byte_ms < sc.mean_first_byte_ms + 1.0,
+        "{} vs {}",
+        cy.mean_first_byte_ms,
+        sc.mean_first_byte_ms
+    );
 }
 
 #[test]
