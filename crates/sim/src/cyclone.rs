@@ -36,7 +36,10 @@
 //!
 //! # The cost model
 //!
-//! Every node has a CPU, a disk and an outgoing link, each a FIFO server. The CPU pays
+//! Every node has a CPU and a disk, each a FIFO server, and an outgoing link shared by the
+//! transfers in flight on it as TCP shares it ([`LinkModel::Shared`]: processor sharing, so a
+//! small response is not held up behind a large one; [`LinkModel::Fifo`] sends one after the
+//! other, which lets one large response idle the clients queued behind it). The CPU pays
 //! [`CoopCosts`] (connection setup and teardown on the node the client reached, a per-request
 //! cost on the node that answers, a transmit cost per 512 bytes sent, the clone and fetch
 //! costs); the disk is the [`DiskCosts`] model of the switch simulator; the link carries every
@@ -54,7 +57,7 @@
 //!
 //! Not modelled: the per-packet cost of forwarding a clone's client acknowledgements (seed 000
 //! §4.2 measured it as small), response headers beyond [`CoopConfig::header_bytes`], TCP's
-//! sharing of a link between responses (a link sends one response after the other), and files
+//! slow start and round trips (a transfer gets its share of the link at once), and files
 //! changing on disk (a replica's age is only the time since the owner's last check).
 
 use std::collections::{HashMap, VecDeque};
@@ -219,6 +222,32 @@ impl CoopCosts {
     }
 }
 
+/// How a node's outgoing link carries the transfers in flight on it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LinkModel {
+    /// As TCP shares a link between connections: processor sharing, each of the `n`
+    /// transfers in flight moving at `1/n` of the rate, so that a small response is not held up
+    /// behind a large one.
+    #[default]
+    Shared,
+    /// One transfer after the other, in arrival order.
+    Fifo,
+}
+
+impl FromStr for LinkModel {
+    type Err = SimError;
+    fn from_str(s: &str) -> Result<Self, SimError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "shared" => Ok(LinkModel::Shared),
+            "fifo" => Ok(LinkModel::Fifo),
+            _ => Err(SimError::Config(format!(
+                "unknown link model `{s}` (known: shared, fifo)"
+            ))),
+        }
+    }
+}
+
 /// One simulated cooperative cluster.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CoopConfig {
@@ -237,6 +266,8 @@ pub struct CoopConfig {
     pub shared_disk: bool,
     /// Payload rate of each node's outgoing link, megabits (10^6 bits) per second.
     pub link_mbps: f64,
+    /// How a link carries the transfers in flight on it.
+    pub link_model: LinkModel,
     /// Bytes of a response head, sent on the link with every response and not counted as
     /// throughput.
     pub header_bytes: u64,
@@ -310,6 +341,7 @@ impl CoopConfig {
             disk: nfs_disk(),
             shared_disk: true,
             link_mbps: 100.0,
+            link_model: LinkModel::Shared,
             header_bytes: 0,
             cache_bytes: 100_000_000,
             cache_policy: switchyard_cache::PolicyKind::Lru,
@@ -522,11 +554,19 @@ pub fn simulate_coop_observed(
 
 // ---- the model ----------------------------------------------------------------------------
 
+/// A FIFO resource of a node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Res {
     Cpu,
     Disk,
-    Link,
+}
+
+/// An event: the job in service on a FIFO resource is done, or the first flow of a link's
+/// flow set of a given generation is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ev {
+    Done(Res, u32),
+    Link(u32, u64),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -552,6 +592,101 @@ impl Server {
     }
 }
 
+/// A node's outgoing link, carrying the transfers in flight on it (responses and objects for
+/// peers) by [`LinkModel`].
+///
+/// A transfer's work is the time it would take alone on the link, in nanoseconds. Whenever the
+/// set of transfers changes the link brings their remaining work up to date; `generation` tells
+/// the completion event scheduled for the current set from those scheduled for earlier ones.
+#[derive(Debug, Default)]
+struct SharedLink {
+    model: LinkModel,
+    /// In arrival order.
+    flows: Vec<Flow>,
+    /// When the flows' remaining work was last brought up to date.
+    updated: Nanos,
+    busy_ns: Nanos,
+    generation: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Flow {
+    /// Work left, nanoseconds at the link's full rate.
+    left: f64,
+    slot: u32,
+}
+
+impl SharedLink {
+    fn new(model: LinkModel) -> Self {
+        SharedLink {
+            model,
+            ..SharedLink::default()
+        }
+    }
+
+    /// How many flows move at once, each at that share of the rate.
+    fn moving(&self) -> usize {
+        match self.model {
+            LinkModel::Shared => self.flows.len(),
+            LinkModel::Fifo => self.flows.len().min(1),
+        }
+    }
+
+    /// Brings the flows' remaining work up to `now`.
+    fn update(&mut self, now: Nanos) {
+        let elapsed = now.saturating_sub(self.updated);
+        self.updated = now;
+        let k = self.moving();
+        if k == 0 || elapsed == 0 {
+            return;
+        }
+        self.busy_ns += elapsed;
+        let share = elapsed as f64 / k as f64;
+        for f in &mut self.flows[..k] {
+            f.left -= share;
+        }
+    }
+
+    /// When the first flow in flight finishes, if any: whole nanoseconds, rounded up.
+    fn next_completion(&self, now: Nanos) -> Option<Nanos> {
+        let k = self.moving();
+        let least = self.flows[..k]
+            .iter()
+            .map(|f| f.left)
+            .fold(f64::INFINITY, f64::min);
+        if !least.is_finite() {
+            return None;
+        }
+        Some(now + (least.max(0.0) * k as f64).ceil() as Nanos)
+    }
+
+    /// Removes and returns the flows done by now (less than a nanosecond of work left at
+    /// their share), in arrival order.
+    fn take_finished(&mut self) -> Vec<u32> {
+        let k = self.moving();
+        let mut done = Vec::new();
+        let mut i = 0;
+        let mut moving = k;
+        while i < moving {
+            if self.flows[i].left * (k as f64) < 1.0 {
+                done.push(self.flows.remove(i).slot);
+                moving -= 1;
+            } else {
+                i += 1;
+            }
+        }
+        done
+    }
+
+    fn busy_at(&self, now: Nanos) -> Nanos {
+        if self.flows.is_empty() {
+            self.busy_ns
+        } else {
+            self.busy_ns + now.saturating_sub(self.updated)
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default)]
 struct Counters {
     connections: u64,
@@ -564,7 +699,7 @@ struct Counters {
 struct Node {
     cpu: Server,
     disk: Server,
-    link: Server,
+    link: SharedLink,
     cache: Cache<u32, ()>,
     /// When this node, as owner, last checked each object it caches against its disk.
     validated: HashMap<u32, Nanos>,
@@ -681,7 +816,7 @@ struct Totals {
 struct Coop<'a, F> {
     cfg: &'a CoopConfig,
     w: &'a SimWorkload,
-    q: EventQueue<(Res, u32)>,
+    q: EventQueue<Ev>,
     nodes: Vec<Node>,
     index: HashMap<NodeId, u32>,
     slots: Vec<Slot>,
@@ -745,7 +880,7 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
             nodes.push(Node {
                 cpu: Server::default(),
                 disk: Server::default(),
-                link: Server::default(),
+                link: SharedLink::new(cfg.link_model),
                 cache: Cache::with_kind(cfg.cache_bytes, kind),
                 validated: HashMap::new(),
                 owners,
@@ -794,8 +929,11 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
             self.start_connection(s as u32);
         }
         self.drain();
-        while let Some((_, (res, n))) = self.q.pop() {
-            self.finish(res, n);
+        while let Some((_, ev)) = self.q.pop() {
+            match ev {
+                Ev::Done(res, n) => self.finish(res, n),
+                Ev::Link(n, generation) => self.link_event(n, generation),
+            }
             self.drain();
             if self.error.is_some() {
                 break;
@@ -821,8 +959,48 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
         match res {
             Res::Cpu => &mut node.cpu,
             Res::Disk => &mut node.disk,
-            Res::Link => &mut node.link,
         }
+    }
+
+    /// Starts a transfer of `dur` nanoseconds (at the link's full rate) on `n`'s link.
+    fn send(&mut self, n: u32, dur: Nanos, slot: u32) {
+        let now = self.now();
+        let link = &mut self.nodes[n as usize].link;
+        if dur == 0 {
+            self.ready.push_back(slot);
+            return;
+        }
+        link.update(now);
+        link.flows.push(Flow {
+            left: dur as f64,
+            slot,
+        });
+        self.reschedule_link(n);
+    }
+
+    /// Schedules the completion of the first flow of `n`'s link as it is now.
+    fn reschedule_link(&mut self, n: u32) {
+        let now = self.now();
+        let link = &mut self.nodes[n as usize].link;
+        link.generation += 1;
+        if let Some(t) = link.next_completion(now) {
+            let g = link.generation;
+            self.q.schedule(t, Ev::Link(n, g));
+        }
+    }
+
+    /// A completion scheduled on `n`'s link: the flows done go on (unless the set changed
+    /// since the event was scheduled, which scheduled another).
+    fn link_event(&mut self, n: u32, generation: u64) {
+        let now = self.now();
+        let link = &mut self.nodes[n as usize].link;
+        if link.generation != generation {
+            return;
+        }
+        link.update(now);
+        let done = link.take_finished();
+        self.ready.extend(done);
+        self.reschedule_link(n);
     }
 
     /// Queues a job; one that costs nothing on an idle server is done at once.
@@ -836,7 +1014,7 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
         s.queue.push_back(Job { dur, slot });
         if s.queue.len() == 1 {
             s.started = now;
-            self.q.schedule(now + dur, (res, n));
+            self.q.schedule(now + dur, Ev::Done(res, n));
         }
     }
 
@@ -850,7 +1028,7 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
         if let Some(next) = s.queue.front() {
             let d = next.dur;
             s.started = now;
-            self.q.schedule(now + d, (res, n));
+            self.q.schedule(now + d, Ev::Done(res, n));
         }
         self.ready.push_back(job.slot);
     }
@@ -1097,7 +1275,7 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
                         }
                     }
                     let d = (bytes as f64 * self.link_ns_per_byte).round() as Nanos;
-                    self.submit(Res::Link, node, d, s);
+                    self.send(node, d, s);
                     return;
                 }
                 Step::Insert(n) => {
@@ -1489,24 +1667,15 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
 // ---- workloads and sweeps -------------------------------------------------------------------
 
 /// Files of the UC Berkeley trace seed 000 §5.1 replayed.
-pub const BERKELEY_FILES: u64 = 74_820;
+pub const BERKELEY_FILES: u64 = switchyard_trace::synth::CYCLONE_FILES;
 /// Their total size, bytes (about 650 MB).
-pub const BERKELEY_BYTES: u64 = 650_000_000;
+pub const BERKELEY_BYTES: u64 = switchyard_trace::synth::CYCLONE_BYTES;
 
-/// A synthetic trace shaped like seed 000's (74,820 files, about 650 MB, Zipf-like popularity),
-/// `scale` times as large in files and bytes (0 < scale <= 1), with `requests` requests.
+/// A synthetic trace shaped like seed 000's ([`SynthConfig::cyclone`]: 74,820 files, about
+/// 650 MB, Zipf-like popularity), `scale` times as large in files and bytes (0 < scale <= 1),
+/// with `requests` requests.
 pub fn berkeley_synth(scale: f64, requests: u64, zipf_alpha: f64, seed: u64) -> SynthConfig {
-    let scale = scale.clamp(1e-4, 1.0);
-    SynthConfig {
-        seed,
-        targets: Some(((BERKELEY_FILES as f64 * scale).round() as u64).max(10)),
-        total_bytes: Some(((BERKELEY_BYTES as f64 * scale).round() as u64).max(10_000)),
-        zipf_alpha,
-        requests,
-        clients: 20_000,
-        session_interarrival_secs: 0.5,
-        ..SynthConfig::default()
-    }
+    SynthConfig::cyclone(scale, requests, zipf_alpha, seed)
 }
 
 /// Runs every system at every cluster size on `workload`, `threads` runs at a time (0: one
@@ -1563,6 +1732,68 @@ mod tests {
     use super::*;
     use crate::workload::{Http, Targets};
     use std::sync::Arc;
+
+    fn run_link(model: LinkModel, jobs: &[(Nanos, Nanos)]) -> Vec<(u32, Nanos)> {
+        // (arrival, work) per job; returns (job, completion) in completion order.
+        let mut link = SharedLink::new(model);
+        let mut done = Vec::new();
+        let mut arrivals = jobs.iter().enumerate().peekable();
+        let mut now = 0;
+        loop {
+            let next_arrival = arrivals.peek().map(|(_, j)| j.0);
+            let next_done = link.next_completion(now);
+            let arrival_first = match (next_arrival, next_done) {
+                (None, None) => return done,
+                (Some(a), Some(d)) => a <= d,
+                (a, _) => a.is_some(),
+            };
+            if arrival_first {
+                let (i, &(at, work)) = arrivals.next().unwrap();
+                now = at;
+                link.update(now);
+                link.flows.push(Flow {
+                    left: work as f64,
+                    slot: i as u32,
+                });
+            } else if let Some(d) = next_done {
+                now = d;
+                link.update(now);
+                done.extend(link.take_finished().into_iter().map(|s| (s, now)));
+            }
+        }
+    }
+
+    #[test]
+    fn a_shared_link_lets_a_small_transfer_pass_a_large_one() {
+        // A 10 ms transfer, then 1 ms later a 1 ms one.
+        let jobs = [(0, 10_000_000), (1_000_000, 1_000_000)];
+        // Shared: from 1 ms both move at half speed, the small one is done at 3 ms; the large
+        // one has 9 - 1 = 8 ms left, alone: done at 11 ms.
+        assert_eq!(
+            run_link(LinkModel::Shared, &jobs),
+            vec![(1, 3_000_000), (0, 11_000_000)]
+        );
+        // FIFO: the small one waits for the large one.
+        assert_eq!(
+            run_link(LinkModel::Fifo, &jobs),
+            vec![(0, 10_000_000), (1, 11_000_000)]
+        );
+        // Busy all along either way: the link is work conserving.
+        let mut l = SharedLink::new(LinkModel::Shared);
+        l.flows.push(Flow { left: 5.0, slot: 0 });
+        l.update(3);
+        assert_eq!(l.busy_at(4), 4);
+    }
+
+    #[test]
+    fn equal_transfers_on_a_shared_link_finish_together() {
+        let jobs = [(0, 4_000), (0, 4_000), (0, 4_000)];
+        let done = run_link(LinkModel::Shared, &jobs);
+        assert_eq!(done.len(), 3);
+        assert!(done.iter().all(|&(_, t)| t == 12_000), "{done:?}");
+        assert!("tcp".parse::<LinkModel>().is_err());
+        assert_eq!("FIFO".parse::<LinkModel>().unwrap(), LinkModel::Fifo);
+    }
 
     #[test]
     fn member_ids_match_the_nodes_vectors() {

@@ -51,6 +51,9 @@ pub struct CycloneArgs {
     /// Replica cache per node, bytes (default: 12 MB × scale, seed 000 §3.3's share).
     #[arg(long)]
     pub replica_bytes: Option<u64>,
+    /// Largest object replicated, bytes.
+    #[arg(long)]
+    pub replica_max_object: Option<u64>,
     /// Aged references from which an owned target is hot.
     #[arg(long, default_value_t = switchyard_cache::replication::DEFAULT_HOT_THRESHOLD)]
     pub hot_threshold: f64,
@@ -73,6 +76,10 @@ pub struct CycloneArgs {
     /// Payload rate of each node's link, Mbit/s.
     #[arg(long, default_value_t = 100.0)]
     pub link_mbps: f64,
+    /// How a link carries the transfers in flight: `shared` (as TCP shares it) or `fifo`
+    /// (one after the other).
+    #[arg(long, default_value = "shared")]
+    pub link_model: String,
     /// Client connections open at once (seed 000 §5.1: 38).
     #[arg(long, default_value_t = 38)]
     pub clients: u32,
@@ -125,6 +132,9 @@ fn config(a: &CycloneArgs, scale: f64) -> Result<CoopConfig, SimError> {
         .replica_bytes
         .unwrap_or((12e6 * scale).round().max(1.0) as u64);
     c.replication.threshold = a.hot_threshold;
+    if let Some(m) = a.replica_max_object {
+        c.replication.max_object_bytes = m;
+    }
     c.replication.aging_interval = Duration::from_millis(a.aging_ms);
     c.replica_fresh = Duration::from_millis(a.replica_fresh_ms);
     c.owner_policy.name = a.owner_policy.parse()?;
@@ -135,6 +145,7 @@ fn config(a: &CycloneArgs, scale: f64) -> Result<CoopConfig, SimError> {
         c.owner_policy.chash_points = p;
     }
     c.link_mbps = a.link_mbps;
+    c.link_model = a.link_model.parse()?;
     c.clients = a.clients;
     if let Some(v) = a.clone_us {
         c.costs.clone_us = v;

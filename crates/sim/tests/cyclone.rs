@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use switchyard_sim::cyclone::{
     berkeley_synth, default_replication, simulate_coop, simulate_coop_observed, sweep_coop,
-    CoopConfig, CoopResult, Source, System,
+    CoopConfig, CoopResult, LinkModel, Source, System,
 };
-use switchyard_sim::{Http, SimWorkload, Targets};
+use switchyard_sim::{DiskCosts, Http, SimWorkload, Targets};
 use switchyard_trace::{synthesize, SessionConfig};
 
 /// 748 files, 6.5 MB, 12,000 requests, Zipf 1.2.
@@ -86,14 +86,22 @@ fn at_eight_nodes_cyclone_beats_sc_beats_cf_rep_beats_cf() {
     // The working set fits in 8 nodes' memory when nothing is duplicated.
     assert!(sc.disk_rate < 0.01, "{}", sc.disk_rate);
     assert!(cy.replica_hit_rate > 0.2, "{}", cy.replica_hit_rate);
+    // Seed 000 §5.2.3: Cyclone's first byte comes less than 1 ms after SC's.
+    assert!(
+        cy.mean_first_byte_ms < sc.mean_first_byte_ms + 1.0,
+        "{} vs {}",
+        cy.mean_first_byte_ms,
+        sc.mean_first_byte_ms
+    );
 }
 
 #[test]
 fn cyclone_uses_most_of_the_links_at_eight_nodes() {
     let cy = find(at8(), System::Cyclone);
-    // The paper reaches 0.98; this model stops near 0.75 (see the crate's report): the busiest
-    // link is saturated and the others wait on it.
-    assert!(cy.efficiency >= 0.7, "{}", cy.efficiency);
+    // The paper reaches 0.98; on this small trace (748 files, a replica cache of 40 or so of
+    // them) the model reaches about 0.8: the objects that are not replicated still load their
+    // owners unevenly, so the busiest link is saturated while the others wait on it.
+    assert!(cy.efficiency >= 0.77, "{}", cy.efficiency);
     let busiest = cy
         .per_node
         .iter()
@@ -212,4 +220,52 @@ fn a_replica_is_served_only_while_its_target_is_hot() {
         .per_node
         .iter()
         .all(|n| n.replica_bytes <= n.replica_capacity));
+}
+
+#[test]
+fn links_shared_as_tcp_shares_them_carry_more_than_links_sending_one_response_at_a_time() {
+    // Cyclone at 8 nodes: with one response after the other, a large response holds up the
+    // clients queued behind it on its link while other links idle.
+    let mut fifo = base();
+    fifo.nodes = 8;
+    fifo.system = System::Cyclone;
+    fifo.link_model = LinkModel::Fifo;
+    let fifo = simulate_coop(&fifo, workload()).unwrap();
+    let shared = find(at8(), System::Cyclone);
+    assert!(
+        shared.efficiency > fifo.efficiency + 0.03,
+        "shared {} fifo {}",
+        shared.efficiency,
+        fifo.efficiency
+    );
+}
+
+#[test]
+fn a_closed_loop_of_clients_fills_balanced_links_only_with_enough_clients() {
+    // The ideal cluster: every node serves its round-robin share from its own memory. What is
+    // left below 1 is the closed loop: a client waits for its response before it sends the
+    // next request, so a link idles whenever none of its clients has a response in flight.
+    // (A node's first read of an object costs nothing here, so that only the links count.)
+    let w = workload();
+    let eff = |clients: u32, link_model: LinkModel| {
+        let mut c = base();
+        c.nodes = 8;
+        c.system = System::Rr;
+        c.cache_bytes = u64::MAX / 2;
+        c.shared_disk = false;
+        c.disk = DiskCosts {
+            seek_us: 0.0,
+            per_4k_us: 0.0,
+            extent_seek_us: 0.0,
+            ..DiskCosts::default()
+        };
+        c.clients = clients;
+        c.link_model = link_model;
+        simulate_coop(&c, w).unwrap().efficiency
+    };
+    let (few, many) = (eff(38, LinkModel::Shared), eff(160, LinkModel::Shared));
+    assert!(few < 0.92, "38 clients: {few}");
+    assert!(many >= 0.95, "160 clients: {many}");
+    let fifo = eff(160, LinkModel::Fifo);
+    assert!(many > fifo, "shared {many} fifo {fifo}");
 }

@@ -5,6 +5,7 @@
 //! switchyard trace sessions FILE [--gap-secs 15] [--batch-secs 5] [--json] [--keep-query]
 //! switchyard trace synth --trace FILE [--out-root DIR] [--seed S] [--targets N]
 //!                        [--total-bytes SIZE] [--zipf-alpha A] [--requests N] [--clients N] …
+//! switchyard trace synth --trace FILE --preset cyclone [--scale 1] [--requests N] [--seed S]
 //! switchyard trace root FILE --out-root DIR [--index index.html] [--seed S] [--force] [--json]
 //! ```
 //!
@@ -77,6 +78,14 @@ pub enum TraceCommand {
         /// Seed: the same seed gives the same bytes.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// A site shaped like a paper's: `cyclone` (seed 000 §5.1: 74,820 files, 650 MB,
+        /// Zipf 1.2 popularity, 20,000 clients) times --scale. Sets the files, their size, the
+        /// popularity, the clients and the session rate.
+        #[arg(long, value_parser = ["cyclone"], conflicts_with_all = ["targets", "total_bytes", "zipf_alpha", "clients", "session_interarrival"])]
+        preset: Option<String>,
+        /// Size of the --preset site relative to the paper's, in (0, 1].
+        #[arg(long, default_value_t = 1.0, requires = "preset")]
+        scale: f64,
         /// Number of files (default 1000 unless --total-bytes is given).
         #[arg(long)]
         targets: Option<u64>,
@@ -317,6 +326,8 @@ pub fn run(cmd: &TraceCommand, out: &mut dyn Write) -> Result<(), TraceError> {
             out_root,
             trace,
             seed,
+            preset,
+            scale,
             targets,
             total_bytes,
             zipf_alpha,
@@ -328,17 +339,41 @@ pub fn run(cmd: &TraceCommand, out: &mut dyn Write) -> Result<(), TraceError> {
             force,
             json,
         } => {
-            let config = SynthConfig {
-                seed: *seed,
-                targets: *targets,
-                total_bytes: *total_bytes,
-                zipf_alpha: *zipf_alpha,
-                requests: *requests,
-                clients: *clients,
-                start_time: *start,
-                session_interarrival_secs: *session_interarrival,
-                max_file_bytes: *max_file_bytes,
-                ..SynthConfig::default()
+            let config = match preset.as_deref() {
+                Some("cyclone") => {
+                    if !(scale.is_finite() && *scale > 0.0 && *scale <= 1.0) {
+                        return Err(TraceError::Config(format!(
+                            "--scale must be in (0, 1], got {scale}"
+                        )));
+                    }
+                    SynthConfig {
+                        start_time: *start,
+                        max_file_bytes: *max_file_bytes,
+                        ..SynthConfig::cyclone(
+                            *scale,
+                            *requests,
+                            crate::synth::CYCLONE_ZIPF_ALPHA,
+                            *seed,
+                        )
+                    }
+                }
+                Some(other) => {
+                    return Err(TraceError::Config(format!(
+                        "unknown preset `{other}` (known: cyclone)"
+                    )))
+                }
+                None => SynthConfig {
+                    seed: *seed,
+                    targets: *targets,
+                    total_bytes: *total_bytes,
+                    zipf_alpha: *zipf_alpha,
+                    requests: *requests,
+                    clients: *clients,
+                    start_time: *start,
+                    session_interarrival_secs: *session_interarrival,
+                    max_file_bytes: *max_file_bytes,
+                    ..SynthConfig::default()
+                },
             };
             let synthesis = synthesize(&config)?;
             if let Some(root) = out_root {

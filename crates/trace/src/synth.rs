@@ -59,6 +59,14 @@ const STREAM_POPULARITY: u64 = 2;
 const STREAM_SESSIONS: u64 = 3;
 const STREAM_CONTENT: u64 = 1 << 32;
 
+/// Files of the trace seed 000 §5.1 replayed (UC Berkeley EECS, January 2001).
+pub const CYCLONE_FILES: u64 = 74_820;
+/// Their total size, bytes ("about 650 MB").
+pub const CYCLONE_BYTES: u64 = 650_000_000;
+/// Exponent of the page popularity of [`SynthConfig::cyclone`]: 10 % of the files draw more
+/// than 80 % of the requests, as seed 000 §3.2 describes such workloads.
+pub const CYCLONE_ZIPF_ALPHA: f64 = 1.2;
+
 /// What to generate. [`Default`] gives a small site and trace.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SynthConfig {
@@ -114,6 +122,29 @@ impl Default for SynthConfig {
 }
 
 impl SynthConfig {
+    /// A site and trace shaped like seed 000's (§5.1: 74,820 files, about 650 MB, mean
+    /// request about 7 KB), `scale` times as large in files and bytes (clamped to
+    /// `[1e-4, 1]`), with `requests` requests, Zipf-like page popularity of exponent
+    /// `zipf_alpha` ([`CYCLONE_ZIPF_ALPHA`] is the preset's), 20,000 clients starting a
+    /// session every half second.
+    pub fn cyclone(scale: f64, requests: u64, zipf_alpha: f64, seed: u64) -> Self {
+        let scale = if scale.is_finite() {
+            scale.clamp(1e-4, 1.0)
+        } else {
+            1.0
+        };
+        SynthConfig {
+            seed,
+            targets: Some(((CYCLONE_FILES as f64 * scale).round() as u64).max(10)),
+            total_bytes: Some(((CYCLONE_BYTES as f64 * scale).round() as u64).max(10_000)),
+            zipf_alpha,
+            requests,
+            clients: 20_000,
+            session_interarrival_secs: 0.5,
+            ..SynthConfig::default()
+        }
+    }
+
     /// Checks the configuration.
     pub fn validate(&self) -> Result<(), TraceError> {
         let bad = |m: String| Err(TraceError::Config(m));
