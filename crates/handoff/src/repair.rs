@@ -376,7 +376,7 @@ pub fn leave_repair(fd: BorrowedFd<'_>) -> Result<()> {
 }
 
 /// Makes the socket drop every segment that arrives from now on, before TCP
-/// sees it (a classic BPF socket filter that accepts nothing: the kernel runs
+/// sees it (a socket filter that accepts nothing: the kernel runs
 /// it in `tcp_v4_rcv`/`tcp_v6_rcv` ahead of ACK and data processing).
 ///
 /// A socket in repair mode still takes in what arrives: it queues the data
