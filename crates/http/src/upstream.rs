@@ -278,6 +278,9 @@ pub fn forward_request_head(
     forwarded_for: Option<&str>,
     out: &mut Vec<u8>,
 ) {
+    // One allocation for the whole head (what is added is at most a few dozen bytes), not a
+    // growth step every few lines.
+    out.reserve(head.len() + forwarded_for.map_or(0, |ip| ip.len() + 64) + 64);
     let options = connection_options(head);
     let mut xff: Option<Vec<u8>> = None;
     let mut it = lines(head);
@@ -324,6 +327,7 @@ pub fn forward_request_head(
 pub fn ask_cache_report(out: &mut Vec<u8>) {
     debug_assert!(out.ends_with(b"\r\n\r\n"));
     out.truncate(out.len() - 2);
+    out.reserve(RELAY_HEADER.len() + 7);
     out.extend_from_slice(RELAY_HEADER.as_bytes());
     out.extend_from_slice(b": 1\r\n\r\n");
 }
@@ -359,6 +363,8 @@ pub fn forwarded_head_fits(head: &[u8], limits: &crate::request::Limits) -> bool
 /// client connection ends after this response, `Connection: keep-alive` for an HTTP/1.0 client
 /// that keeps it. `head` must be a head accepted by [`parse`].
 pub fn client_response_head(head: &[u8], keep_alive: bool, http10: bool, out: &mut Vec<u8>) {
+    // One allocation for the head (at most a `Connection` line is added).
+    out.reserve(head.len() + 32);
     let options = connection_options(head);
     let mut it = lines(head);
     if let Some(first) = it.next() {

@@ -680,7 +680,10 @@ impl Worker {
                 let cluster = self.cluster.as_ref().map(|m| m.current());
                 tokio::spawn(async move {
                     match cluster {
-                        Some(c) => c.serve(ctx.clone(), stream, stop).await,
+                        // Boxed: the cooperative loop's state (a clone in flight) is
+                        // larger than the plain loop's, and every connection's task would
+                        // otherwise hold room for it, idle or not.
+                        Some(c) => Box::pin(c.serve(ctx.clone(), stream, stop)).await,
                         None => {
                             conn::serve(ctx.clone(), stream, stop, bytes::BytesMut::new()).await;
                         }

@@ -234,7 +234,7 @@ impl Handoffs {
     }
 
     /// Remove the entries whose linger time is over (called periodically by the switch's linger
-    /// task).
+    /// task), then refresh the gauge of live entries.
     pub fn expire_lingering(&self, now: Instant) {
         loop {
             let next = {
@@ -245,10 +245,11 @@ impl Handoffs {
                 }
             };
             let Some((_, flow, id)) = next else {
-                return;
+                break;
             };
             self.unsteer(&flow, id);
         }
+        self.set_steering_gauge();
     }
 
     /// Remove the steering setup; connections on nodes keep their entries until then.
@@ -279,6 +280,9 @@ impl Handoffs {
         self.steering.as_ref().map(|s| s.kind())
     }
 
+    /// The gauge of live steering entries, refreshed on each tick of the lingering entries'
+    /// expiry rather than on every insert and removal: counting them reads a counter of the
+    /// steering program (a `bpf(2)` call), which would add two system calls to every handoff.
     fn set_steering_gauge(&self) {
         self.metrics
             .steering_entries
@@ -292,7 +296,6 @@ impl Handoffs {
         match s.insert(flow, to) {
             Ok(()) => {
                 self.flows.lock().insert(*flow, id);
-                self.set_steering_gauge();
                 true
             }
             Err(e) => {
@@ -317,7 +320,6 @@ impl Handoffs {
         if let Err(e) = s.remove(flow) {
             tracing::warn!(error = %e, "steering remove failed");
         }
-        self.set_steering_gauge();
     }
 
     /// Keep `flow`'s entry for `linger` more (the FIN exchange, or a node that may hold the

@@ -95,6 +95,9 @@ struct Client {
     stop: tokio::sync::watch::Receiver<bool>,
     /// A handoff of this connection failed once: relay it from now on.
     relay_only: bool,
+    /// `TCP_NODELAY` is set: done before the switch writes its first response, not at accept,
+    /// so that a connection handed off at its first request costs no call for it.
+    no_delay: bool,
     /// The worker thread serving the connection.
     worker: usize,
     /// The switch's address of the connection, once known.
@@ -124,7 +127,6 @@ pub(crate) async fn serve_with(
     local: Option<SocketAddr>,
     preread: BytesMut,
 ) {
-    let _ = stream.set_nodelay(true);
     let id = ConnId(shared.next_conn.fetch_add(1, Relaxed));
     let stop = shared.stop.clone();
     let mut c = Client {
@@ -140,6 +142,7 @@ pub(crate) async fn serve_with(
         gen: None,
         stop,
         relay_only: false,
+        no_delay: false,
         worker,
         local,
     };
@@ -173,6 +176,15 @@ impl Client {
         *self.stop.borrow()
     }
 
+    /// The switch answers on this connection itself: from now on a small write must not wait
+    /// behind an unacknowledged one (Nagle). Set once per connection.
+    fn answering(&mut self) {
+        if !self.no_delay {
+            self.no_delay = true;
+            let _ = self.stream.set_nodelay(true);
+        }
+    }
+
     /// Parse the next request head, reading as needed.
     async fn next_head(&mut self, first: bool) -> Result<RequestHead, End> {
         let g = self.shared.current();
@@ -184,7 +196,10 @@ impl Client {
             header: t.header,
             idle: t.idle,
             first,
-            read_early: false,
+            // A new client's request usually arrives right behind the handshake: read at
+            // once, a connection handed off at its first request never waits for the event
+            // loop to report it readable.
+            read_early: true,
         };
         reading::next_head(self, wait).await.map_err(|e| match e {
             HeadEnd::Bad(e) => {
@@ -537,6 +552,7 @@ impl Client {
         keep: bool,
         http10: bool,
     ) -> Result<Exchanged, Fail> {
+        self.answering();
         let t = gen.t;
         let req = upstream::Request {
             bytes: fwd,
@@ -674,6 +690,9 @@ impl Client {
         let client_keep = keep && meta.body != BodyLength::UntilClose && !self.stopping();
         let from_cache = resp::cache_status(&r.head);
         self.out.clear();
+        // Head and the body bytes already read go out together: room for both at once.
+        self.out
+            .reserve(r.head.len() + 32 + node.buffered().len().min(FLUSH_AT));
         resp::client_response_head(&r.head, client_keep, http10, &mut self.out);
         let head_bytes = self.out.len() as u64;
         let opts = upstream::RelayOptions {
@@ -751,6 +770,7 @@ impl Client {
         keep: bool,
         head: &RequestHead,
     ) -> (Option<End>, u64) {
+        self.answering();
         self.out.clear();
         ResponseHead::new(&mut self.out, status)
             .header("Server", "switchyard")
@@ -778,6 +798,7 @@ impl Client {
         keep: bool,
         head: &RequestHead,
     ) -> Option<End> {
+        self.answering();
         self.out.clear();
         error_response(
             &mut self.out,
@@ -802,6 +823,7 @@ impl Client {
     /// Send an error status and close, lingering so that the answer survives unread input.
     async fn fail(&mut self, status: u16) {
         let gen = self.shared.current();
+        self.answering();
         self.out.clear();
         error_response(
             &mut self.out,
@@ -848,6 +870,7 @@ impl ClientConn for Client {
 
     /// Written at once, with the send timeout of the generation serving the request.
     async fn send_continue(&mut self) -> io::Result<()> {
+        self.answering();
         let send = match &self.gen {
             Some(g) => g.t.send,
             None => self.shared.current().t.send,
