@@ -15,6 +15,12 @@
 //! a state file (`/run/switchyard/lab/<prefix>.json`, or under
 //! `$SWITCHYARD_LAB_DIR`). `down` stops the processes and removes every
 //! namespace of the prefix, with or without a state file.
+//!
+//! `up --cooperative` starts no switch: the N nodes run in cooperative mode (`switchyard node
+//! --cooperative`, each a member with its TCP control listener at port 7000, the VIP held on
+//! `lo`), and the switch's host becomes the layer-4 director in front of them
+//! ([`crate::director`]: LVS direct routing built from an nftables `fwd` per flow hash, as this
+//! kernel has no IPVS).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -54,6 +60,10 @@ pub enum LabCommand {
         /// Delivery mechanism for the switch.
         #[arg(long, value_enum, default_value_t = Mechanism::Handoff)]
         mechanism: Mechanism,
+        /// No switch: cooperative nodes behind a layer-4 director on the switch's host
+        /// (direct routing: nftables `fwd` per flow hash; `--mechanism` does not apply).
+        #[arg(long)]
+        cooperative: bool,
         /// Shape every link to this many Mbit/s in both directions.
         #[arg(long, value_name = "M")]
         link_mbit: Option<u32>,
@@ -128,6 +138,7 @@ pub fn run(cmd: &LabCommand, out: &mut dyn Write) -> Result<()> {
             nodes,
             clients,
             mechanism,
+            cooperative,
             link_mbit,
             root,
             port,
@@ -146,7 +157,11 @@ pub fn run(cmd: &LabCommand, out: &mut dyn Write) -> Result<()> {
             let topo = Topology::build(&spec)?;
             let mut state = LabState {
                 topology: topo,
-                mechanism: mechanism.as_str().into(),
+                mechanism: if *cooperative {
+                    COOPERATIVE.into()
+                } else {
+                    mechanism.as_str().into()
+                },
                 root: root.clone(),
                 processes: vec![],
                 notes: vec![],
@@ -159,7 +174,11 @@ pub fn run(cmd: &LabCommand, out: &mut dyn Write) -> Result<()> {
                         switch: switch_args,
                         node: node_args,
                     };
-                    start_processes(&mut state, *mechanism, *port, binary.as_deref(), &extra)?;
+                    if *cooperative {
+                        start_cooperative(&mut state, *port, binary.as_deref(), &extra)?;
+                    } else {
+                        start_processes(&mut state, *mechanism, *port, binary.as_deref(), &extra)?;
+                    }
                     state.save(&path)?;
                 }
                 Ok(())
@@ -319,19 +338,12 @@ fn sample_site(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Extra arguments for the processes the lab starts.
-struct Extra<'a> {
-    switch: &'a [String],
-    node: &'a [String],
-}
+/// The `mechanism` a cooperative lab records in its state file.
+pub const COOPERATIVE: &str = "cooperative";
 
-fn start_processes(
-    state: &mut LabState,
-    mechanism: Mechanism,
-    port: u16,
-    binary: Option<&Path>,
-    extra: &Extra<'_>,
-) -> Result<()> {
+/// The binary to run in the hosts and the directory of logs (with the sample site unless a
+/// root was given).
+fn prepare(state: &mut LabState, binary: Option<&Path>) -> Result<(PathBuf, PathBuf, PathBuf)> {
     let bin = match binary {
         Some(b) => b.to_path_buf(),
         None => std::env::current_exe().map_err(|e| HandoffError::io("current_exe", e))?,
@@ -347,6 +359,84 @@ fn start_processes(
             r
         }
     };
+    Ok((bin, logs, root))
+}
+
+/// The director of a cooperative lab: the VIP's `port` spread over every node.
+pub fn director(topo: &Topology, port: u16) -> crate::director::Director {
+    crate::director::Director {
+        iface: "eth0".into(),
+        vip: topo.vip,
+        port,
+        nodes: topo.hosts_of(Role::Node).map(|h| h.ip).collect(),
+    }
+}
+
+/// `up --cooperative`: the director on the switch's host, a cooperative node on each node
+/// host (members `n0`, `n1`, … with TCP control listeners at [`CONTROL_PORT`], admin
+/// listeners at port 9080, the VIP's unmatched packets dropped).
+fn start_cooperative(
+    state: &mut LabState,
+    port: u16,
+    binary: Option<&Path>,
+    extra: &Extra<'_>,
+) -> Result<()> {
+    let (bin, logs, root) = prepare(state, binary)?;
+    let topo = state.topology.clone();
+    let sw = topo
+        .host("switch")
+        .ok_or_else(|| HandoffError::Other("lab without switch".into()))?;
+    director(&topo, port).install(&crate::netns::NetNs::open(&sw.netns)?)?;
+    state.notes.push(format!(
+        "director on {}: nftables netdev ingress on eth0, `fwd ip to` a node chosen by a hash of \
+         the client's address and port (LVS direct routing; this kernel has no IPVS)",
+        sw.name
+    ));
+    let nodes: Vec<_> = topo.hosts_of(Role::Node).cloned().collect();
+    let mut members = Vec::new();
+    for (i, h) in nodes.iter().enumerate() {
+        members.push("--member".to_string());
+        members.push(format!("n{i}={}:{CONTROL_PORT}", h.ip));
+        members.push("--member-admin".to_string());
+        members.push(format!("n{i}={}:9080", h.ip));
+    }
+    for (i, h) in nodes.iter().enumerate() {
+        let mut args = vec![
+            "node".to_string(),
+            "--root".into(),
+            root.to_string_lossy().into_owned(),
+            "--listen".into(),
+            format!("0.0.0.0:{port}"),
+            "--admin".into(),
+            format!("{}:9080", h.ip),
+            "--handoff-vip".into(),
+            format!("{}:{port}", topo.vip),
+            "--cooperative".into(),
+            "--name".into(),
+            format!("n{i}"),
+        ];
+        args.extend(members.iter().cloned());
+        args.extend(extra.node.iter().cloned());
+        let p = spawn_in(&h.netns, &h.name, &bin, &args, &logs)?;
+        state.processes.push(p);
+    }
+    check_started(state)
+}
+
+/// Extra arguments for the processes the lab starts.
+struct Extra<'a> {
+    switch: &'a [String],
+    node: &'a [String],
+}
+
+fn start_processes(
+    state: &mut LabState,
+    mechanism: Mechanism,
+    port: u16,
+    binary: Option<&Path>,
+    extra: &Extra<'_>,
+) -> Result<()> {
+    let (bin, logs, root) = prepare(state, binary)?;
     let topo = state.topology.clone();
     let handoff = mechanism == Mechanism::Handoff;
     let mut nodes = Vec::new();
@@ -398,7 +488,11 @@ fn start_processes(
     args.extend(extra.switch.iter().cloned());
     let p = spawn_in(&sw.netns, "switch", &bin, &args, &logs)?;
     state.processes.push(p);
-    // Give them a moment, then make sure none died at start.
+    check_started(state)
+}
+
+/// Gives the processes a moment, then makes sure none died at start.
+fn check_started(state: &LabState) -> Result<()> {
     std::thread::sleep(Duration::from_millis(400));
     for p in &state.processes {
         if !alive(p.pid) {
