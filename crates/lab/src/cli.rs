@@ -67,7 +67,8 @@ pub enum LabCommand {
         /// Shape every link to this many Mbit/s in both directions.
         #[arg(long, value_name = "M")]
         link_mbit: Option<u32>,
-        /// Document root the nodes serve (default: a generated sample site).
+        /// Document root the nodes serve (default: a generated sample site). A `{node}` in it
+        /// is replaced by each node's host name (`node0`, `node1`, …): a root per node.
         #[arg(long, value_name = "DIR")]
         root: Option<PathBuf>,
         /// HTTP port of the VIP and the nodes.
@@ -362,6 +363,11 @@ fn prepare(state: &mut LabState, binary: Option<&Path>) -> Result<(PathBuf, Path
     Ok((bin, logs, root))
 }
 
+/// The document root of node host `host`: `root` with `{node}` replaced by its name.
+fn root_for(root: &Path, host: &str) -> String {
+    root.to_string_lossy().replace("{node}", host)
+}
+
 /// The director of a cooperative lab: the VIP's `port` spread over every node.
 pub fn director(topo: &Topology, port: u16) -> crate::director::Director {
     crate::director::Director {
@@ -404,7 +410,7 @@ fn start_cooperative(
         let mut args = vec![
             "node".to_string(),
             "--root".into(),
-            root.to_string_lossy().into_owned(),
+            root_for(&root, &h.name),
             "--listen".into(),
             format!("0.0.0.0:{port}"),
             "--admin".into(),
@@ -444,7 +450,7 @@ fn start_processes(
         let mut args = vec![
             "node".to_string(),
             "--root".into(),
-            root.to_string_lossy().into_owned(),
+            root_for(&root, &h.name),
             "--listen".into(),
             format!("0.0.0.0:{port}"),
             "--admin".into(),

@@ -529,7 +529,10 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
             slots,
             stop_rx.clone(),
             reporter,
-            addr.to_string(),
+            // A cooperative member answers its peers' Hello with its member name.
+            cluster
+                .as_ref()
+                .map_or_else(|| addr.to_string(), |c| c.current().name().to_owned()),
             &registry,
         ),
         &registry,
