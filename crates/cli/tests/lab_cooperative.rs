@@ -192,6 +192,25 @@ impl Lab {
             .collect()
     }
 
+    /// The node whose routed count rose since `before` (see [`Lab::routed`]): the entry node
+    /// of the connection that just sent one request. A clone is counted when its `Accepted`
+    /// has been read, which may be after the owner's answer has reached the client: wait for it.
+    fn entry_since(&self, before: &[f64]) -> usize {
+        let until = Instant::now() + Duration::from_secs(5);
+        loop {
+            let now = self.routed();
+            if let Some(i) = (0..NODES).find(|&i| now[i] > before[i]) {
+                return i;
+            }
+            assert!(
+                Instant::now() < until,
+                "no node routed the request: {before:?} -> {now:?}\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn logs(&self) -> String {
         let mut s = String::new();
         for p in self.status["processes"].as_array().unwrap() {
@@ -376,27 +395,36 @@ fn each_request_is_served_by_its_owner_across_hosts() {
         "no 5 MB body went through a clone\n{}",
         lab.logs()
     );
-    // Nothing lost.
+    // Nothing lost; every clone came back or ended at its owner (an HTTP/1.0 request, closed
+    // there), once the owners' last reports have been read.
+    let until = Instant::now() + Duration::from_secs(5);
     for i in 0..NODES {
-        let m = lab.metrics(i);
-        assert_eq!(
-            sum_of(&m, "switchyard_node_clones_lost_total"),
-            0.0,
-            "node{i} lost clones\n{}",
-            lab.logs()
-        );
-        // Every clone came back or ended at its owner (an HTTP/1.0 request, closed there).
-        assert_eq!(
-            sum_of(&m, "switchyard_node_clones_out_total"),
-            sum_of(&m, "switchyard_node_clone_hand_backs_total")
-                + sum_of(&m, "switchyard_node_clones_closed_total"),
-            "node{i}: clones out, back and closed"
-        );
+        loop {
+            let m = lab.metrics(i);
+            assert_eq!(
+                sum_of(&m, "switchyard_node_clones_lost_total"),
+                0.0,
+                "node{i} lost clones\n{}",
+                lab.logs()
+            );
+            let out = sum_of(&m, "switchyard_node_clones_out_total");
+            let ended = sum_of(&m, "switchyard_node_clone_hand_backs_total")
+                + sum_of(&m, "switchyard_node_clones_closed_total");
+            if out == ended {
+                break;
+            }
+            assert!(
+                Instant::now() < until,
+                "node{i}: {out} clones out, {ended} back or closed"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
 /// Node 2 is killed while clients load the cluster: connections on the other nodes carry on
-/// (a connection fails only on a request that was at node 2 at that moment), the director
+/// (a connection fails only if node 2 held it at that moment: serving a request, or holding
+/// it after its answer until the hand-back), the director
 /// takes node 2 out, and node 2's targets are served by the others while the rest stay put.
 fn a_killed_peer_loses_only_its_own_and_its_targets_move() {
     let lab = Lab::up('k');
@@ -412,10 +440,7 @@ fn a_killed_peer_loses_only_its_own_and_its_targets_move() {
             c.get_t(0).unwrap();
             c
         });
-        let r1 = lab.routed();
-        let entry = (0..NODES)
-            .find(|&i| r1[i] > r0[i])
-            .unwrap_or_else(|| panic!("no entry node: {r0:?} -> {r1:?}"));
+        let entry = lab.entry_since(&r0);
         if entry != 2 {
             conns.push(c);
         }
@@ -433,9 +458,14 @@ fn a_killed_peer_loses_only_its_own_and_its_targets_move() {
                 let _g = NetNs::open(&ns).unwrap().enter().unwrap();
                 c.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
                 let mut n = 0usize;
+                // The owner of the request before: a connection node 2 answered and had not
+                // given back yet was node 2's when it died.
+                let mut before = usize::MAX;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let t = (n * 7 + k) % TARGETS;
                     n += 1;
+                    let at_node2 = owners[t] == 2 || before == 2;
+                    before = owners[t];
                     match c.get_t(t) {
                         Ok(who) if who == owners[t] || owners[t] == 2 => {}
                         Ok(who) => {
@@ -446,7 +476,7 @@ fn a_killed_peer_loses_only_its_own_and_its_targets_move() {
                             return n;
                         }
                         Err(e) => {
-                            if owners[t] != 2 {
+                            if !at_node2 {
                                 failures.lock().unwrap().push(format!("conn {k}: {e}"));
                             }
                             return n;
@@ -514,10 +544,7 @@ fn hot_targets_are_copied_to_the_entry_node() {
             c.get_t(0).unwrap();
             c
         });
-        let r1 = lab.routed();
-        let entry = (0..NODES)
-            .find(|&i| r1[i] > r0[i])
-            .unwrap_or_else(|| panic!("no entry node: {r0:?} -> {r1:?}"));
+        let entry = lab.entry_since(&r0);
         if let Some(t) = (0..TARGETS).find(|&t| owners[t] != entry) {
             break (c, entry, t);
         }
@@ -538,19 +565,25 @@ fn hot_targets_are_copied_to_the_entry_node() {
     }
     assert!(lab.metric(owner, "switchyard_node_objects_shipped_total") > shipped0);
     assert!(lab.metric(entry, "switchyard_node_replicas_received_total") >= 1.0);
-    // From now on the entry node serves the target itself: the owner's clones-in stop.
+    // From now on the entry node serves the target itself. A copy is trusted for the owner's
+    // revalidation interval (1 s by default); after that one request goes to the owner again
+    // and brings a fresh copy back. So the owner sees at most one request per second of the
+    // run (and one more for a copy expiring as it starts), the entry node serves the rest.
     let clones_in = |lab: &Lab| lab.metric(owner, "switchyard_node_clones_in");
     let in0 = clones_in(&lab);
     let hits0 = lab.metric(entry, "switchyard_node_replica_hits_total");
+    let started = Instant::now();
     for _ in 0..50 {
         assert_eq!(c.get_t(t).unwrap(), owner, "the copy is the owner's file");
     }
-    assert_eq!(
-        clones_in(&lab),
-        in0,
-        "the owner saw none of the later requests"
+    let seconds = started.elapsed().as_secs_f64().ceil();
+    let at_owner = clones_in(&lab) - in0;
+    let here = lab.metric(entry, "switchyard_node_replica_hits_total") - hits0;
+    assert!(
+        at_owner <= seconds + 1.0,
+        "the owner saw {at_owner} of 50 requests in {seconds} s"
     );
-    assert!(lab.metric(entry, "switchyard_node_replica_hits_total") >= hits0 + 50.0);
+    assert_eq!(here + at_owner, 50.0, "every request served once");
 }
 
 /// A bounded run of requests from several keep-alive connections at once, most of them

@@ -64,6 +64,10 @@ pub enum LabCommand {
         /// (direct routing: nftables `fwd` per flow hash; `--mechanism` does not apply).
         #[arg(long)]
         cooperative: bool,
+        /// With `--cooperative`: the nodes do not cooperate and serve every request themselves
+        /// (the director's spreading alone, with no content awareness).
+        #[arg(long, requires = "cooperative")]
+        alone: bool,
         /// Shape every link to this many Mbit/s in both directions.
         #[arg(long, value_name = "M")]
         link_mbit: Option<u32>,
@@ -140,6 +144,7 @@ pub fn run(cmd: &LabCommand, out: &mut dyn Write) -> Result<()> {
             clients,
             mechanism,
             cooperative,
+            alone,
             link_mbit,
             root,
             port,
@@ -158,7 +163,9 @@ pub fn run(cmd: &LabCommand, out: &mut dyn Write) -> Result<()> {
             let topo = Topology::build(&spec)?;
             let mut state = LabState {
                 topology: topo,
-                mechanism: if *cooperative {
+                mechanism: if *alone {
+                    DIRECTOR_ONLY.into()
+                } else if *cooperative {
                     COOPERATIVE.into()
                 } else {
                     mechanism.as_str().into()
@@ -176,7 +183,11 @@ pub fn run(cmd: &LabCommand, out: &mut dyn Write) -> Result<()> {
                         node: node_args,
                     };
                     if *cooperative {
-                        start_cooperative(&mut state, *port, binary.as_deref(), &extra)?;
+                        let coop = Coop {
+                            port: *port,
+                            alone: *alone,
+                        };
+                        start_cooperative(&mut state, coop, binary.as_deref(), &extra)?;
                     } else {
                         start_processes(&mut state, *mechanism, *port, binary.as_deref(), &extra)?;
                     }
@@ -341,6 +352,17 @@ fn sample_site(dir: &Path) -> Result<()> {
 
 /// The `mechanism` a cooperative lab records in its state file.
 pub const COOPERATIVE: &str = "cooperative";
+/// The `mechanism` of a lab with the director in front of nodes that do not cooperate.
+pub const DIRECTOR_ONLY: &str = "director";
+
+/// How `up --cooperative` runs.
+#[derive(Debug, Clone, Copy)]
+struct Coop {
+    /// The VIP's and the nodes' HTTP port.
+    port: u16,
+    /// The nodes serve every request themselves.
+    alone: bool,
+}
 
 /// The binary to run in the hosts and the directory of logs (with the sample site unless a
 /// root was given).
@@ -380,10 +402,10 @@ pub fn director(topo: &Topology, port: u16) -> crate::director::Director {
 
 /// `up --cooperative`: the director on the switch's host, a cooperative node on each node
 /// host (members `n0`, `n1`, … with TCP control listeners at [`CONTROL_PORT`], admin
-/// listeners at port 9080, the VIP's unmatched packets dropped).
+/// listeners at port 9080, the VIP's unmatched packets dropped); with `alone`, plain nodes.
 fn start_cooperative(
     state: &mut LabState,
-    port: u16,
+    Coop { port, alone }: Coop,
     binary: Option<&Path>,
     extra: &Extra<'_>,
 ) -> Result<()> {
@@ -415,13 +437,17 @@ fn start_cooperative(
             format!("0.0.0.0:{port}"),
             "--admin".into(),
             format!("{}:9080", h.ip),
-            "--handoff-vip".into(),
-            format!("{}:{port}", topo.vip),
-            "--cooperative".into(),
-            "--name".into(),
-            format!("n{i}"),
         ];
-        args.extend(members.iter().cloned());
+        if !alone {
+            args.extend([
+                "--handoff-vip".into(),
+                format!("{}:{port}", topo.vip),
+                "--cooperative".into(),
+                "--name".into(),
+                format!("n{i}"),
+            ]);
+            args.extend(members.iter().cloned());
+        }
         args.extend(extra.node.iter().cloned());
         let p = spawn_in(&h.netns, &h.name, &bin, &args, &logs)?;
         state.processes.push(p);
@@ -665,6 +691,19 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        match T::try_parse_from(["x", "up", "--cooperative", "--alone", "--nodes", "3"])
+            .unwrap()
+            .cmd
+        {
+            LabCommand::Up {
+                cooperative, alone, ..
+            } => assert!(cooperative && alone),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            T::try_parse_from(["x", "up", "--alone"]).is_err(),
+            "--alone needs --cooperative"
+        );
         assert!(T::try_parse_from(["x", "status", "--json"]).is_ok());
         assert!(T::try_parse_from(["x", "down"]).is_ok());
     }

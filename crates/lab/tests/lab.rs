@@ -51,6 +51,7 @@ fn lab_up_status_exec_down() {
             clients: 1,
             mechanism: Mechanism::Handoff,
             cooperative: false,
+            alone: false,
             link_mbit: Some(100),
             root: None,
             port: 80,
