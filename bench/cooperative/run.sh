@@ -16,8 +16,8 @@
 #   ideal    the cooperative lab, each request sent straight to its owner's own address (client
 #            host k talks to node k, asking only for node k's files): no move at all;
 # with HTTP/1.0 (one request per connection) and HTTP/1.1 keep-alive, in alternating rounds;
-# medians of requests/s. The owner of every file is learnt first through node 0's counters (a
-# request sent to node 0 is either counted as its own or as a clone to the owner).
+# medians of requests/s. The owner of every file is learnt first from the nodes' counters (a
+# request sent to a node's own address is counted as its own when the node owns it).
 #
 # CPU per moved connection on the sending node: every cooperative node keeps a histogram of its
 # own CPU time per connection it cloned across hosts and got back (steering entry, TCP_REPAIR dump,
@@ -131,9 +131,10 @@ function request()
 end
 LUA
 
-status_field() { jq -r --arg h "$2" --arg f "$3" '.hosts[] | select(.name == $h) | .[$f]' "$work/$1.json"; }
+status_field() { jq -r --arg h "$2" --arg f "$3" '.hosts[] | select(.name == $h) | .[$f]' "$work/$1.status.json"; }
 
-# lab_up PREFIX ARGS...: a lab, its status in $work/PREFIX.json.
+# lab_up PREFIX ARGS...: a lab, its status in $work/PREFIX.status.json (PREFIX.json is the
+# lab's own state file).
 lab_up() {
     local p=$1
     shift
@@ -143,7 +144,7 @@ lab_up() {
     labs+=("$p")
     timeout 180 "$bin" lab up --prefix "$p" --nodes "$NODES" --clients "$CLIENTS" --link-mbit "$LINK_MBIT" --root "$root" "$@" > "$work/$p-up.out" 2>&1 ||
         { cat "$work/$p-up.out" >&2; exit 1; }
-    timeout 30 "$bin" lab status --prefix "$p" --json > "$work/$p.json"
+    timeout 30 "$bin" lab status --prefix "$p" --json > "$work/$p.status.json"
 }
 
 # metrics PREFIX NODE_INDEX: that node's Prometheus text, fetched from client0.
@@ -182,37 +183,32 @@ if has coop || has ideal; then
             sleep 0.1
         done
     done
-    wait_ready "$coop_lab" "http://$(jq -r .vip "$work/$coop_lab.json")/"
+    wait_ready "$coop_lab" "http://$(jq -r .vip "$work/$coop_lab.status.json")/"
 fi
 if has spread; then
     lab_up "$spread_lab" --cooperative --alone
-    wait_ready "$spread_lab" "http://$(jq -r .vip "$work/$spread_lab.json")/"
+    wait_ready "$spread_lab" "http://$(jq -r .vip "$work/$spread_lab.status.json")/"
 fi
 if has handoff; then
     lab_up "$switch_lab" --mechanism handoff
-    wait_ready "$switch_lab" "http://$(jq -r .vip "$work/$switch_lab.json")/"
+    wait_ready "$switch_lab" "http://$(jq -r .vip "$work/$switch_lab.status.json")/"
 fi
 
-# The owner of every file (ideal): one request each straight to node 0, whose counters say
-# whether it served it as its own or cloned it to its owner.
-owned_or_cloned() { # -> "owned n0clones n1clones ..." of node 0
-    metrics "$coop_lab" 0 | awk -v n="$NODES" '
-        $1 == "switchyard_node_cluster_owned_requests_total" {c[0] = $2}
-        index($1, "switchyard_node_clones_out_total{peer=\"n") == 1 {
-            split($1, a, "\""); k = substr(a[2], 2) + 0; c[k] = $2 }
-        END { for (k = 0; k < n; k++) printf "%d ", c[k] + 0; print "" }'
+# The owner of every file (ideal): a request sent to a node's own address is served there (a
+# connection that did not come through the VIP cannot move), counted as its own when it owns the
+# file (the count is taken before the answer): ask each node in turn until one counts it.
+owned_count() { # NODE_INDEX
+    metrics "$coop_lab" "$1" | awk '$1 == "switchyard_node_cluster_owned_requests_total" {print $2 + 0}'
 }
 if has ideal; then
-    node0_ip=$(status_field "$coop_lab" node0 ip)
     c0_ns=$(status_field "$coop_lab" client0 netns)
     for s in $SIZES; do
         for i in $(seq 0 $((NFILES - 1))); do
-            before=($(owned_or_cloned))
-            timeout 10 ip netns exec "$c0_ns" curl -s -m 5 -o /dev/null "http://$node0_ip/$s-$i"
-            after=($(owned_or_cloned))
             owner=
             for k in $(seq 0 $((NODES - 1))); do
-                [ "${after[$k]}" -gt "${before[$k]}" ] && owner=$k
+                before=$(owned_count "$k")
+                timeout 10 ip netns exec "$c0_ns" curl -s -m 5 -o /dev/null "http://$(status_field "$coop_lab" "node$k" ip)/$s-$i"
+                [ "$(owned_count "$k")" -gt "$before" ] && { owner=$k; break; }
             done
             [ -n "$owner" ] || { echo "cannot tell the owner of /$s-$i" >&2; exit 1; }
             echo "/$s-$i" >> "$work/owners-$s-$owner"
@@ -220,21 +216,12 @@ if has ideal; then
     done
 fi
 
-cpu_ticks() { # pid... -> utime+stime summed, in clock ticks
-    local t=0 p v
-    for p in "$@"; do
-        v=$(awk '{ sub(/^.*\) /, ""); split($0, f, " "); print f[12] + f[13] }' "/proc/$p/stat" 2>/dev/null || echo 0)
-        t=$((t + v))
-    done
-    echo "$t"
-}
-
 # run MECH SIZE MODE -> "req/s errors"
 run() {
     local m=$1 s=$2 mode=$3 lab k n ns url list rps=0 errs="" outs=()
     case $m in coop | ideal) lab=$coop_lab ;; spread) lab=$spread_lab ;; handoff) lab=$switch_lab ;; esac
     local vip
-    vip=$(jq -r .vip "$work/$lab.json")
+    vip=$(jq -r .vip "$work/$lab.status.json")
     seq 0 $((NFILES - 1)) | sed "s|^|/$s-|" > "$work/all-$s"
     local wpids=()
     for k in $(seq 0 $((CLIENTS - 1))); do

@@ -115,10 +115,13 @@ pub(crate) enum Fallback {
     StillSending,
     /// The `TCP_REPAIR` dump failed.
     Dump,
+    /// The client reached this node at an address of its own, not at the VIP every member
+    /// holds: the owner could not take the connection over.
+    NotVip,
 }
 
 impl Fallback {
-    const ALL: [Fallback; 8] = [
+    const ALL: [Fallback; 9] = [
         Fallback::ControlDown,
         Fallback::TooMuchRead,
         Fallback::NoDescriptor,
@@ -127,6 +130,7 @@ impl Fallback {
         Fallback::NoSteering,
         Fallback::StillSending,
         Fallback::Dump,
+        Fallback::NotVip,
     ];
 
     pub(crate) fn label(self) -> &'static str {
@@ -139,6 +143,7 @@ impl Fallback {
             Fallback::NoSteering => "no_steering",
             Fallback::StillSending => "still_sending",
             Fallback::Dump => "dump",
+            Fallback::NotVip => "not_vip",
         }
     }
 }
@@ -292,6 +297,8 @@ pub(crate) struct Cluster {
     mover: MoverConfig,
     /// The steering table for clones to members on other hosts, if there is one.
     steering: Option<Arc<Table>>,
+    /// The VIP (and port) every member holds: only connections to it can move across hosts.
+    vip: Option<std::net::SocketAddr>,
     origin: Instant,
     /// Counters, kept across membership reloads.
     pub stats: Arc<ClusterStats>,
@@ -384,6 +391,7 @@ impl Cluster {
             next_conn: AtomicU64::new(1),
             mover: MoverConfig::symmetric(Duration::from_millis(cfg.clone_timeout_ms)),
             steering: None,
+            vip: None,
             origin: Instant::now(),
             stats,
             replication: None,
@@ -411,9 +419,14 @@ impl Cluster {
     }
 
     /// The cluster with a steering table for clones across hosts (`None`: such clones are
-    /// served here instead, counted as `no_steering`).
-    pub(crate) fn steering(mut self, table: Option<Arc<Table>>) -> Self {
+    /// served here instead, counted as `no_steering`) and the VIP the members hold.
+    pub(crate) fn steering(
+        mut self,
+        table: Option<Arc<Table>>,
+        vip: Option<std::net::SocketAddr>,
+    ) -> Self {
         self.steering = table;
+        self.vip = vip;
         self
     }
 
@@ -748,6 +761,9 @@ impl Cluster {
         let (Ok(client), Ok(local)) = (stream.peer_addr(), stream.local_addr()) else {
             return Cloned::Ended;
         };
+        if self.vip != Some(local) {
+            return Cloned::Here(stream, rest, Fallback::NotVip);
+        }
         let target = *peer.target.lock();
         let (Some(table), Some(target), Ok(flow)) =
             (&self.steering, target, Flow::new(client, local))
@@ -881,9 +897,15 @@ impl Cluster {
         client: std::net::SocketAddr,
     ) -> Option<TcpStream> {
         let cpu = thread_cpu();
-        // With the window probe: the client's acknowledgements sent while the connection was
-        // on its way were dropped, and the probe's answer brings the windows up to date.
-        let restored = repair::restore_with(state, local, client, Default::default());
+        // No window probe (about 20 us of this node's CPU on a veth lab): the owner gave the
+        // connection back only once its response was acknowledged, so nothing is in flight; a
+        // request the client sent meanwhile was dropped unacknowledged and comes again by the
+        // client's own retransmission. (With bytes still in the send queue the restore sends
+        // the probe anyway.)
+        let ropts = repair::RestoreOptions {
+            window_probe: false,
+        };
+        let restored = repair::restore_with(state, local, client, ropts);
         let r = match restored {
             Ok(r) => r,
             Err(e) => {
@@ -1135,7 +1157,7 @@ impl Membership {
             old.peers().map(|p| (p.name.clone(), p.clone())).collect();
         let new = Cluster::reusing(cfg, &existing, old.stats.clone())?
             .replicating(old.replication.clone())
-            .steering(old.steering.clone());
+            .steering(old.steering.clone(), old.vip);
         let names: std::collections::HashSet<String> =
             new.peers().map(|p| p.name.clone()).collect();
         tracing::info!(

@@ -269,7 +269,7 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
             let cluster = coop::Membership::start(
                 coop::Cluster::new(c)?
                     .replicating(replication.clone())
-                    .steering(steering),
+                    .steering(steering, cfg.handoff_vip),
                 stop_rx.clone(),
             );
             // Peers reach this node at its member address.
