@@ -32,6 +32,10 @@ fn main() {
 const NODES: usize = 3;
 const TARGETS: usize = 30;
 const BIG: usize = 5 * 1024 * 1024;
+/// Connections [`Lab::owners`] learns the owner map through, each asking for every target.
+const OWNER_CONNS: usize = 6;
+/// Requests [`Lab::owners`] sends.
+const OWNER_REQUESTS: usize = OWNER_CONNS * TARGETS;
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_switchyard"))
@@ -192,23 +196,32 @@ impl Lab {
             .collect()
     }
 
-    /// The node whose routed count rose since `before` (see [`Lab::routed`]): the entry node
-    /// of the connection that just sent one request. A clone is counted when its `Accepted`
-    /// has been read, which may be after the owner's answer has reached the client: wait for it.
-    fn entry_since(&self, before: &[f64]) -> usize {
+    /// [`Lab::routed`] once every one of the `sent` requests sent so far is counted (each is
+    /// counted once, by its entry node; a clone when its `Accepted` has been read, which may
+    /// be after the owner's answer has reached the client).
+    fn settled(&self, sent: usize) -> Vec<f64> {
         let until = Instant::now() + Duration::from_secs(5);
         loop {
             let now = self.routed();
-            if let Some(i) = (0..NODES).find(|&i| now[i] > before[i]) {
-                return i;
+            if now.iter().sum::<f64>() == sent as f64 {
+                return now;
             }
             assert!(
                 Instant::now() < until,
-                "no node routed the request: {before:?} -> {now:?}\n{}",
+                "{sent} requests sent, routed {now:?}\n{}",
                 self.logs()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The entry node of the connection that sent the one request after `before` (taken with
+    /// [`Lab::settled`] for `sent` requests).
+    fn entry_since(&self, before: &[f64], sent: usize) -> usize {
+        let now = self.settled(sent + 1);
+        (0..NODES)
+            .find(|&i| now[i] > before[i])
+            .expect("one node counted one more")
     }
 
     fn logs(&self) -> String {
@@ -232,12 +245,12 @@ impl Lab {
     }
 
     /// The owner of every target, as seen through several connections (every entry node
-    /// must agree).
+    /// must agree): [`OWNER_REQUESTS`] requests.
     fn owners(&self) -> Vec<usize> {
         let vip = self.vip();
         self.on_client(move || {
             let mut map: Vec<Option<usize>> = vec![None; TARGETS];
-            for _ in 0..6 {
+            for _ in 0..OWNER_CONNS {
                 let mut c = Conn::open(vip);
                 for (t, owner) in map.iter_mut().enumerate() {
                     let who = c.get_t(t).unwrap();
@@ -433,14 +446,16 @@ fn a_killed_peer_loses_only_its_own_and_its_targets_move() {
     // Connections whose entry node is not node 2, found by which node routed their first
     // request.
     let mut conns = Vec::new();
+    let mut sent = OWNER_REQUESTS;
     while conns.len() < 4 {
-        let r0 = lab.routed();
+        let r0 = lab.settled(sent);
         let c = lab.on_client(move || {
             let mut c = Conn::open(vip);
             c.get_t(0).unwrap();
             c
         });
-        let entry = lab.entry_since(&r0);
+        let entry = lab.entry_since(&r0, sent);
+        sent += 1;
         if entry != 2 {
             conns.push(c);
         }
@@ -537,14 +552,16 @@ fn hot_targets_are_copied_to_the_entry_node() {
     let vip = lab.vip();
     let owners = lab.owners();
     // A connection and a target whose owner is not the connection's entry node.
+    let mut sent = OWNER_REQUESTS;
     let (mut c, entry, t) = loop {
-        let r0 = lab.routed();
+        let r0 = lab.settled(sent);
         let c = lab.on_client(move || {
             let mut c = Conn::open(vip);
             c.get_t(0).unwrap();
             c
         });
-        let entry = lab.entry_since(&r0);
+        let entry = lab.entry_since(&r0, sent);
+        sent += 1;
         if let Some(t) = (0..TARGETS).find(|&t| owners[t] != entry) {
             break (c, entry, t);
         }
