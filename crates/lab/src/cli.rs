@@ -296,6 +296,14 @@ pub fn down(prefix: &str) -> bool {
         existed = true;
         for p in &state.processes {
             stop_pid(p.pid);
+            // A cooperative node killed before it could tear its eBPF steering down leaves its
+            // pins behind (`coop-<member>-<pid>` made file-name safe, see the node's
+            // `cross_host_steering`); its tc attachment goes with the namespace.
+            if let Some(i) = p.host.strip_prefix("node") {
+                let pins = std::path::Path::new(switchyard_handoff::steer::ebpf::DEFAULT_PIN_ROOT)
+                    .join(format!("coop_n{i}_{}", p.pid));
+                let _ = std::fs::remove_dir_all(pins);
+            }
         }
     }
     let ns = Topology::existing(prefix);
