@@ -62,7 +62,8 @@ pub struct NodeArgs {
     /// This node's name among the members of the cluster (overrides `[cluster] name`).
     #[arg(long, requires = "cooperative")]
     pub name: Option<String>,
-    /// A member of the cluster as NAME=CONTROL (CONTROL: unix:PATH); repeat for every member,
+    /// A member of the cluster as NAME=CONTROL (CONTROL: unix:PATH on this host, IP:PORT on
+    /// another: its requests then move as TCP_REPAIR state); repeat for every member,
     /// this node included. Replaces the members of `[cluster]`.
     #[arg(long = "member", value_name = "NAME=CONTROL", requires = "cooperative")]
     pub members: Vec<String>,

@@ -15,6 +15,12 @@
 //! a state file (`/run/switchyard/lab/<prefix>.json`, or under
 //! `$SWITCHYARD_LAB_DIR`). `down` stops the processes and removes every
 //! namespace of the prefix, with or without a state file.
+//!
+//! `up --cooperative` starts no switch: the N nodes run in cooperative mode (`switchyard node
+//! --cooperative`, each a member with its TCP control listener at port 7000, the VIP held on
+//! `lo`), and the switch's host becomes the layer-4 director in front of them
+//! ([`crate::director`]: LVS direct routing built from an nftables `fwd` per flow hash, as this
+//! kernel has no IPVS).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -54,10 +60,19 @@ pub enum LabCommand {
         /// Delivery mechanism for the switch.
         #[arg(long, value_enum, default_value_t = Mechanism::Handoff)]
         mechanism: Mechanism,
+        /// No switch: cooperative nodes behind a layer-4 director on the switch's host
+        /// (direct routing: nftables `fwd` per flow hash; `--mechanism` does not apply).
+        #[arg(long)]
+        cooperative: bool,
+        /// With `--cooperative`: the nodes do not cooperate and serve every request themselves
+        /// (the director's spreading alone, with no content awareness).
+        #[arg(long, requires = "cooperative")]
+        alone: bool,
         /// Shape every link to this many Mbit/s in both directions.
         #[arg(long, value_name = "M")]
         link_mbit: Option<u32>,
-        /// Document root the nodes serve (default: a generated sample site).
+        /// Document root the nodes serve (default: a generated sample site). A `{node}` in it
+        /// is replaced by each node's host name (`node0`, `node1`, …): a root per node.
         #[arg(long, value_name = "DIR")]
         root: Option<PathBuf>,
         /// HTTP port of the VIP and the nodes.
@@ -128,6 +143,8 @@ pub fn run(cmd: &LabCommand, out: &mut dyn Write) -> Result<()> {
             nodes,
             clients,
             mechanism,
+            cooperative,
+            alone,
             link_mbit,
             root,
             port,
@@ -146,7 +163,13 @@ pub fn run(cmd: &LabCommand, out: &mut dyn Write) -> Result<()> {
             let topo = Topology::build(&spec)?;
             let mut state = LabState {
                 topology: topo,
-                mechanism: mechanism.as_str().into(),
+                mechanism: if *alone {
+                    DIRECTOR_ONLY.into()
+                } else if *cooperative {
+                    COOPERATIVE.into()
+                } else {
+                    mechanism.as_str().into()
+                },
                 root: root.clone(),
                 processes: vec![],
                 notes: vec![],
@@ -159,7 +182,15 @@ pub fn run(cmd: &LabCommand, out: &mut dyn Write) -> Result<()> {
                         switch: switch_args,
                         node: node_args,
                     };
-                    start_processes(&mut state, *mechanism, *port, binary.as_deref(), &extra)?;
+                    if *cooperative {
+                        let coop = Coop {
+                            port: *port,
+                            alone: *alone,
+                        };
+                        start_cooperative(&mut state, coop, binary.as_deref(), &extra)?;
+                    } else {
+                        start_processes(&mut state, *mechanism, *port, binary.as_deref(), &extra)?;
+                    }
                     state.save(&path)?;
                 }
                 Ok(())
@@ -265,6 +296,14 @@ pub fn down(prefix: &str) -> bool {
         existed = true;
         for p in &state.processes {
             stop_pid(p.pid);
+            // A cooperative node killed before it could tear its eBPF steering down leaves its
+            // pins behind (`coop-<member>-<pid>` made file-name safe, see the node's
+            // `cross_host_steering`); its tc attachment goes with the namespace.
+            if let Some(i) = p.host.strip_prefix("node") {
+                let pins = std::path::Path::new(switchyard_handoff::steer::ebpf::DEFAULT_PIN_ROOT)
+                    .join(format!("coop_n{i}_{}", p.pid));
+                let _ = std::fs::remove_dir_all(pins);
+            }
         }
     }
     let ns = Topology::existing(prefix);
@@ -319,19 +358,23 @@ fn sample_site(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Extra arguments for the processes the lab starts.
-struct Extra<'a> {
-    switch: &'a [String],
-    node: &'a [String],
+/// The `mechanism` a cooperative lab records in its state file.
+pub const COOPERATIVE: &str = "cooperative";
+/// The `mechanism` of a lab with the director in front of nodes that do not cooperate.
+pub const DIRECTOR_ONLY: &str = "director";
+
+/// How `up --cooperative` runs.
+#[derive(Debug, Clone, Copy)]
+struct Coop {
+    /// The VIP's and the nodes' HTTP port.
+    port: u16,
+    /// The nodes serve every request themselves.
+    alone: bool,
 }
 
-fn start_processes(
-    state: &mut LabState,
-    mechanism: Mechanism,
-    port: u16,
-    binary: Option<&Path>,
-    extra: &Extra<'_>,
-) -> Result<()> {
+/// The binary to run in the hosts and the directory of logs (with the sample site unless a
+/// root was given).
+fn prepare(state: &mut LabState, binary: Option<&Path>) -> Result<(PathBuf, PathBuf, PathBuf)> {
     let bin = match binary {
         Some(b) => b.to_path_buf(),
         None => std::env::current_exe().map_err(|e| HandoffError::io("current_exe", e))?,
@@ -347,6 +390,93 @@ fn start_processes(
             r
         }
     };
+    Ok((bin, logs, root))
+}
+
+/// The document root of node host `host`: `root` with `{node}` replaced by its name.
+fn root_for(root: &Path, host: &str) -> String {
+    root.to_string_lossy().replace("{node}", host)
+}
+
+/// The director of a cooperative lab: the VIP's `port` spread over every node.
+pub fn director(topo: &Topology, port: u16) -> crate::director::Director {
+    crate::director::Director {
+        iface: "eth0".into(),
+        vip: topo.vip,
+        port,
+        nodes: topo.hosts_of(Role::Node).map(|h| h.ip).collect(),
+    }
+}
+
+/// `up --cooperative`: the director on the switch's host, a cooperative node on each node
+/// host (members `n0`, `n1`, … with TCP control listeners at [`CONTROL_PORT`], admin
+/// listeners at port 9080, the VIP's unmatched packets dropped); with `alone`, plain nodes.
+fn start_cooperative(
+    state: &mut LabState,
+    Coop { port, alone }: Coop,
+    binary: Option<&Path>,
+    extra: &Extra<'_>,
+) -> Result<()> {
+    let (bin, logs, root) = prepare(state, binary)?;
+    let topo = state.topology.clone();
+    let sw = topo
+        .host("switch")
+        .ok_or_else(|| HandoffError::Other("lab without switch".into()))?;
+    director(&topo, port).install(&crate::netns::NetNs::open(&sw.netns)?)?;
+    state.notes.push(format!(
+        "director on {}: nftables netdev ingress on eth0, `fwd ip to` a node chosen by a hash of \
+         the client's address and port (LVS direct routing; this kernel has no IPVS)",
+        sw.name
+    ));
+    let nodes: Vec<_> = topo.hosts_of(Role::Node).cloned().collect();
+    let mut members = Vec::new();
+    for (i, h) in nodes.iter().enumerate() {
+        members.push("--member".to_string());
+        members.push(format!("n{i}={}:{CONTROL_PORT}", h.ip));
+        members.push("--member-admin".to_string());
+        members.push(format!("n{i}={}:9080", h.ip));
+    }
+    for (i, h) in nodes.iter().enumerate() {
+        let mut args = vec![
+            "node".to_string(),
+            "--root".into(),
+            root_for(&root, &h.name),
+            "--listen".into(),
+            format!("0.0.0.0:{port}"),
+            "--admin".into(),
+            format!("{}:9080", h.ip),
+        ];
+        if !alone {
+            args.extend([
+                "--handoff-vip".into(),
+                format!("{}:{port}", topo.vip),
+                "--cooperative".into(),
+                "--name".into(),
+                format!("n{i}"),
+            ]);
+            args.extend(members.iter().cloned());
+        }
+        args.extend(extra.node.iter().cloned());
+        let p = spawn_in(&h.netns, &h.name, &bin, &args, &logs)?;
+        state.processes.push(p);
+    }
+    check_started(state)
+}
+
+/// Extra arguments for the processes the lab starts.
+struct Extra<'a> {
+    switch: &'a [String],
+    node: &'a [String],
+}
+
+fn start_processes(
+    state: &mut LabState,
+    mechanism: Mechanism,
+    port: u16,
+    binary: Option<&Path>,
+    extra: &Extra<'_>,
+) -> Result<()> {
+    let (bin, logs, root) = prepare(state, binary)?;
     let topo = state.topology.clone();
     let handoff = mechanism == Mechanism::Handoff;
     let mut nodes = Vec::new();
@@ -354,7 +484,7 @@ fn start_processes(
         let mut args = vec![
             "node".to_string(),
             "--root".into(),
-            root.to_string_lossy().into_owned(),
+            root_for(&root, &h.name),
             "--listen".into(),
             format!("0.0.0.0:{port}"),
             "--admin".into(),
@@ -398,7 +528,11 @@ fn start_processes(
     args.extend(extra.switch.iter().cloned());
     let p = spawn_in(&sw.netns, "switch", &bin, &args, &logs)?;
     state.processes.push(p);
-    // Give them a moment, then make sure none died at start.
+    check_started(state)
+}
+
+/// Gives the processes a moment, then makes sure none died at start.
+fn check_started(state: &LabState) -> Result<()> {
     std::thread::sleep(Duration::from_millis(400));
     for p in &state.processes {
         if !alive(p.pid) {
@@ -565,6 +699,19 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        match T::try_parse_from(["x", "up", "--cooperative", "--alone", "--nodes", "3"])
+            .unwrap()
+            .cmd
+        {
+            LabCommand::Up {
+                cooperative, alone, ..
+            } => assert!(cooperative && alone),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            T::try_parse_from(["x", "up", "--alone"]).is_err(),
+            "--alone needs --cooperative"
+        );
         assert!(T::try_parse_from(["x", "status", "--json"]).is_ok());
         assert!(T::try_parse_from(["x", "down"]).is_ok());
     }

@@ -28,6 +28,7 @@
 //! namespaces and commands run in them, as in [`switchyard_handoff::netns`].
 
 pub mod cli;
+pub mod director;
 pub mod sites;
 
 use std::net::Ipv4Addr;
@@ -37,7 +38,8 @@ use std::process::Command;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use switchyard_handoff::netns::{self, NetNs};
+pub use switchyard_handoff::netns;
+use switchyard_handoff::netns::NetNs;
 use switchyard_handoff::{HandoffError, Result};
 
 /// The lab's subnet (a /24 inside its own namespaces only).

@@ -50,6 +50,8 @@ fn lab_up_status_exec_down() {
             nodes: 2,
             clients: 1,
             mechanism: Mechanism::Handoff,
+            cooperative: false,
+            alone: false,
             link_mbit: Some(100),
             root: None,
             port: 80,

@@ -239,6 +239,20 @@ pub struct ClusterConfig {
     /// shown with its control connection's state only.
     #[serde(default)]
     pub admin: std::collections::BTreeMap<String, SocketAddr>,
+    /// Members on other hosts (TCP control addresses): the interface on which the layer-4
+    /// director delivers clients' packets to this node. A request cloned to such a member
+    /// moves as `TCP_REPAIR` state and this node steers the client's packets from this
+    /// interface to the owner until the owner gives the connection back.
+    #[serde(default = "default_steering_iface")]
+    pub steering_iface: String,
+    /// The steering backend for clones across hosts: `ebpf` (falls back to nftables when it
+    /// cannot be set up) or `nftables`.
+    #[serde(default)]
+    pub steering: switchyard_handoff::steer::table::Backend,
+}
+
+fn default_steering_iface() -> String {
+    "eth0".to_owned()
 }
 
 /// `[cluster.replication]`: hot-object replication (seed 000 §3.2). An owner counts references
@@ -328,7 +342,16 @@ impl ClusterConfig {
             clone_timeout_ms: default_clone_timeout_ms(),
             replication: ReplicationConfig::default(),
             admin: Default::default(),
+            steering_iface: default_steering_iface(),
+            steering: Default::default(),
         }
+    }
+
+    /// Whether some member other than this node is on another host (a TCP control address).
+    pub fn crosses_hosts(&self) -> bool {
+        self.members
+            .iter()
+            .any(|m| m.name != self.name && !m.control.same_host())
     }
 
     /// This node's entry.

@@ -190,6 +190,9 @@ impl RunningNode {
         }
         self.workers.finish(grace).await;
         self.handoff.close().await;
+        if let Some(c) = &self.cluster {
+            c.current().shutdown_steering();
+        }
     }
 }
 
@@ -262,11 +265,23 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
     };
     let cluster = match &cfg.cluster {
         Some(c) => {
+            let steering = cross_host_steering(c, &cfg)?;
             let cluster = coop::Membership::start(
-                coop::Cluster::new(c)?.replicating(replication.clone()),
+                coop::Cluster::new(c)?
+                    .replicating(replication.clone())
+                    .steering(steering, cfg.handoff_vip),
                 stop_rx.clone(),
             );
             // Peers reach this node at its member address.
+            match (&c.me().map(|m| m.control.clone()), &cfg.handoff_listen) {
+                (Some(ControlAddr::Tcp(a)), None) => cfg.handoff_listen = Some(*a),
+                (Some(ControlAddr::Tcp(a)), Some(b)) if a != b => {
+                    return Err(NodeError::Config(format!(
+                        "[cluster]: this member's control address {a} differs from handoff_listen {b}"
+                    )))
+                }
+                _ => {}
+            }
             match (&c.me().map(|m| m.control.clone()), &cfg.handoff_unix) {
                 (Some(ControlAddr::Unix(p)), None) => cfg.handoff_unix = Some(p.clone()),
                 (Some(ControlAddr::Unix(p)), Some(q)) if p != q => {
@@ -514,7 +529,10 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
             slots,
             stop_rx.clone(),
             reporter,
-            addr.to_string(),
+            // A cooperative member answers its peers' Hello with its member name.
+            cluster
+                .as_ref()
+                .map_or_else(|| addr.to_string(), |c| c.current().name().to_owned()),
             &registry,
         ),
         &registry,
@@ -599,14 +617,19 @@ async fn start_handoff(
             ));
         };
         let tag = format!("node{}", std::process::id());
-        let rule =
-            switchyard_handoff::steer::NoSocketDrop::install(None, &tag, *v4.ip(), Some(v4.port()))
-                .map_err(|e| {
-                    NodeError::Config(format!(
+        // A cooperative node also accepts clients at the VIP itself: the rule must let their
+        // handshakes through.
+        let install = if cfg.cluster.is_some() {
+            switchyard_handoff::steer::NoSocketDrop::install_beside_listener
+        } else {
+            switchyard_handoff::steer::NoSocketDrop::install
+        };
+        let rule = install(None, &tag, *v4.ip(), Some(v4.port())).map_err(|e| {
+            NodeError::Config(format!(
                 "handoff_vip {vip}: cannot install the drop rule for unmatched VIP packets \
                  (needs CAP_NET_ADMIN and nftables): {e}"
             ))
-                })?;
+        })?;
         tracing::info!(%vip, table = rule.table(), "VIP packets without a socket are dropped");
         out.drop_rule = Some(rule);
     }
@@ -634,6 +657,39 @@ async fn start_handoff(
             .push(handoff::spawn_listener(receiver, l, done_rx));
     }
     Ok(out)
+}
+
+/// Cooperative mode with members on other hosts: the steering table that sends a cloned
+/// connection's packets from this node (where the director delivers them) to its owner. Such
+/// a cluster needs `handoff_vip` (every member drops, rather than resets, the VIP's packets
+/// that arrive while a connection is on its way). A table that cannot be set up leaves the
+/// node serving those requests itself (each counted as a `no_steering` fallback).
+fn cross_host_steering(
+    c: &ClusterConfig,
+    cfg: &NodeConfig,
+) -> Result<Option<Arc<switchyard_handoff::steer::table::Table>>, NodeError> {
+    if !c.crosses_hosts() {
+        return Ok(None);
+    }
+    if cfg.handoff_vip.is_none() {
+        return Err(NodeError::Config(
+            "[cluster]: members on other hosts need handoff_vip (the VIP:PORT the layer-4 \
+             director spreads, held on lo by every member)"
+                .into(),
+        ));
+    }
+    let instance = format!("coop-{}-{}", c.name, std::process::id());
+    match switchyard_handoff::steer::table::Table::setup(c.steering, &c.steering_iface, &instance) {
+        Ok(t) => {
+            tracing::info!(backend = t.kind(), iface = %c.steering_iface, "steering ready for clones across hosts");
+            Ok(Some(Arc::new(t)))
+        }
+        Err(e) => {
+            tracing::error!(error = %e, iface = %c.steering_iface,
+                "no steering table: requests owned by members on other hosts are served here");
+            Ok(None)
+        }
+    }
 }
 
 /// What every worker thread's accept loop shares.

@@ -23,6 +23,7 @@
 
 pub mod ebpf;
 pub mod nft;
+pub mod table;
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 
@@ -108,6 +109,37 @@ impl NoSocketDrop {
              \t}}\n\
              }}\n"
         );
+        nft::run_nft_script(ns, &script)?;
+        Ok(NoSocketDrop { table })
+    }
+
+    /// The rule for a host that also accepts clients at the VIP itself (a cooperative node
+    /// behind a layer-4 director): only packets whose socket lookup finds nothing better than
+    /// a wildcard listener are dropped. [`NoSocketDrop::install`]'s rule would also drop the
+    /// handshake's last ACK of every client the host accepts itself: that packet finds a
+    /// request socket, which the `socket wildcard` expression cannot look into (it is not a
+    /// full socket: the expression breaks and the rule's final `drop` applies). Here such
+    /// packets, those finding an established socket bound to the VIP, TIME_WAIT sockets and
+    /// packets finding no socket at all (no listener on the port) pass on to TCP; so the
+    /// host's listener must be bound to the wildcard address, not to the VIP.
+    pub fn install_beside_listener(
+        ns: Option<&NetNs>,
+        tag: &str,
+        vip: Ipv4Addr,
+        port: Option<u16>,
+    ) -> Result<Self> {
+        let table = format!("sy_nosock_{tag}");
+        let port_match = port.map(|p| format!("tcp dport {p} ")).unwrap_or_default();
+        let script = format!(
+            "table inet {table} {{\n\
+             \tchain pre {{\n\
+             \t\ttype filter hook prerouting priority -150; policy accept;\n\
+             \t\tip daddr {vip} meta l4proto tcp {port_match}tcp flags & (syn | ack) == syn accept\n\
+             \t\tip daddr {vip} meta l4proto tcp {port_match}socket wildcard 1 counter drop\n\
+             \t}}\n\
+             }}\n"
+        );
+        let _ = nft::run_nft_script(ns, &format!("delete table inet {table}\n"));
         nft::run_nft_script(ns, &script)?;
         Ok(NoSocketDrop { table })
     }
