@@ -11,13 +11,15 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use switchyard_handoff::netns::NetNs;
 use switchyard_testkit::http::{get_once, read_response};
 use switchyard_testkit::root;
+
+mod lab_support;
+use lab_support::Lab;
 
 fn main() {
     root::main(root::tests![
@@ -37,10 +39,6 @@ const OWNER_CONNS: usize = 6;
 /// Requests [`Lab::owners`] sends.
 const OWNER_REQUESTS: usize = OWNER_CONNS * TARGETS;
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_switchyard"))
-}
-
 /// Node `i`'s 5 MB file: a pattern of its own.
 fn big(i: usize) -> Vec<u8> {
     (0..BIG)
@@ -48,118 +46,43 @@ fn big(i: usize) -> Vec<u8> {
         .collect()
 }
 
-/// A cooperative lab that is taken down when the test ends, however it ends.
-struct Lab {
-    prefix: String,
-    state_dir: tempfile::TempDir,
-    status: serde_json::Value,
+/// A cooperative lab of [`NODES`] nodes, each with a document root whose files name it,
+/// once every node's control connections to the others are up.
+fn up(tag: char) -> Lab {
+    let me = Lab::start(
+        tag,
+        &["--cooperative", "--nodes", &NODES.to_string()],
+        |dir| {
+            for i in 0..NODES {
+                let root = dir.join(format!("roots/node{i}"));
+                std::fs::create_dir_all(&root).unwrap();
+                for t in 0..TARGETS {
+                    std::fs::write(root.join(format!("t{t}.txt")), format!("n{i}:t{t}")).unwrap();
+                }
+                std::fs::write(root.join("big.bin"), big(i)).unwrap();
+            }
+            let roots = dir.join("roots/{node}");
+            vec!["--root".into(), roots.to_str().unwrap().to_owned()]
+        },
+    );
+    assert_eq!(me.status["mechanism"], "cooperative");
+    // Every node's control connections to the others come up in the background.
+    let until = Instant::now() + Duration::from_secs(20);
+    for i in 0..NODES {
+        while me.metric(i, "switchyard_node_cluster_peers_up") < (NODES - 1) as f64 {
+            assert!(
+                Instant::now() < until,
+                "node{i}'s peers never came up\n{}",
+                me.logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    me
 }
 
+/// What the cooperative suites read of the lab's nodes.
 impl Lab {
-    fn up(tag: char) -> Lab {
-        let prefix = format!("syt{}{tag}", std::process::id() % 100_000);
-        let state_dir = tempfile::tempdir().unwrap();
-        let dir = state_dir.path().to_path_buf();
-        for i in 0..NODES {
-            let root = dir.join(format!("roots/node{i}"));
-            std::fs::create_dir_all(&root).unwrap();
-            for t in 0..TARGETS {
-                std::fs::write(root.join(format!("t{t}.txt")), format!("n{i}:t{t}")).unwrap();
-            }
-            std::fs::write(root.join("big.bin"), big(i)).unwrap();
-        }
-        let lab = |args: &[&str]| {
-            bin()
-                .arg("lab")
-                .args(args)
-                .args(["--prefix", &prefix])
-                .env("SWITCHYARD_LAB_DIR", &dir)
-                .output()
-                .unwrap()
-        };
-        let roots = dir.join("roots/{node}");
-        let out = lab(&[
-            "up",
-            "--cooperative",
-            "--nodes",
-            &NODES.to_string(),
-            "--root",
-            roots.to_str().unwrap(),
-        ]);
-        let mut me = Lab {
-            prefix: prefix.clone(),
-            state_dir,
-            status: serde_json::Value::Null,
-        };
-        assert!(
-            out.status.success(),
-            "lab up failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let out = lab(&["status", "--json"]);
-        me.status = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(me.status["mechanism"], "cooperative");
-        // Every node's control connections to the others come up in the background.
-        let until = Instant::now() + Duration::from_secs(20);
-        for i in 0..NODES {
-            while me.metric(i, "switchyard_node_cluster_peers_up") < (NODES - 1) as f64 {
-                assert!(
-                    Instant::now() < until,
-                    "node{i}'s peers never came up\n{}",
-                    me.logs()
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-        me
-    }
-
-    fn vip(&self) -> SocketAddr {
-        format!("{}:80", self.status["vip"].as_str().unwrap())
-            .parse()
-            .unwrap()
-    }
-
-    fn host(&self, name: &str) -> (String, String) {
-        let h = self.status["hosts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|h| h["name"] == name)
-            .unwrap_or_else(|| panic!("no host {name}: {}", self.status));
-        (
-            h["netns"].as_str().unwrap().to_owned(),
-            h["ip"].as_str().unwrap().to_owned(),
-        )
-    }
-
-    fn pid(&self, host: &str) -> u32 {
-        self.status["processes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["host"] == host)
-            .and_then(|p| p["pid"].as_u64())
-            .unwrap_or_else(|| panic!("no process on {host}")) as u32
-    }
-
-    /// Run `f` on a thread inside host `host`'s namespace.
-    fn on<T: Send + 'static>(&self, host: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-        let (ns, _) = self.host(host);
-        std::thread::spawn(move || {
-            let ns = NetNs::open(&ns).unwrap();
-            let _g = ns.enter().unwrap();
-            f()
-        })
-        .join()
-        .unwrap()
-    }
-
-    fn on_client<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
-        self.on("client0", f)
-    }
-
     /// Node `i`'s Prometheus text, fetched from the client host.
     fn metrics(&self, i: usize) -> String {
         let (_, ip) = self.host(&format!("node{i}"));
@@ -224,26 +147,6 @@ impl Lab {
             .expect("one node counted one more")
     }
 
-    fn logs(&self) -> String {
-        let mut s = String::new();
-        for p in self.status["processes"].as_array().unwrap() {
-            let log = p["log"].as_str().unwrap();
-            let text = std::fs::read_to_string(log).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            let cut = lines.len().saturating_sub(20);
-            let tail = lines[..cut]
-                .iter()
-                .filter(|l| l.contains("WARN") || l.contains("ERROR"))
-                .chain(&lines[cut..]);
-            s.push_str(&format!("--- {log}\n"));
-            for l in tail {
-                s.push_str(l);
-                s.push('\n');
-            }
-        }
-        s
-    }
-
     /// The owner of every target, as seen through several connections (every entry node
     /// must agree): [`OWNER_REQUESTS`] requests.
     fn owners(&self) -> Vec<usize> {
@@ -262,15 +165,6 @@ impl Lab {
             }
             map.into_iter().map(Option::unwrap).collect()
         })
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        let _ = bin()
-            .args(["lab", "down", "--prefix", &self.prefix])
-            .env("SWITCHYARD_LAB_DIR", self.state_dir.path())
-            .output();
     }
 }
 
@@ -322,7 +216,7 @@ impl Conn {
 
 /// Keep-alive, in order and pipelined 8 at a time; a 5 MB body through a clone; HTTP/1.0.
 fn each_request_is_served_by_its_owner_across_hosts() {
-    let lab = Lab::up('a');
+    let lab = up('a');
     let vip = lab.vip();
     let owners = lab.owners();
     for i in 0..NODES {
@@ -440,7 +334,7 @@ fn each_request_is_served_by_its_owner_across_hosts() {
 /// it after its answer until the hand-back), the director
 /// takes node 2 out, and node 2's targets are served by the others while the rest stay put.
 fn a_killed_peer_loses_only_its_own_and_its_targets_move() {
-    let lab = Lab::up('k');
+    let lab = up('k');
     let vip = lab.vip();
     let owners = lab.owners();
     // Connections whose entry node is not node 2, found by which node routed their first
@@ -548,7 +442,7 @@ fn a_killed_peer_loses_only_its_own_and_its_targets_move() {
 /// its owner ships a copy with a clone, and the entry node serves it from then on (the owner
 /// stops seeing those requests).
 fn hot_targets_are_copied_to_the_entry_node() {
-    let lab = Lab::up('r');
+    let lab = up('r');
     let vip = lab.vip();
     let owners = lab.owners();
     // A connection and a target whose owner is not the connection's entry node.
@@ -610,7 +504,7 @@ fn many_cloned_requests_without_an_error() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(2_000);
-    let lab = Lab::up('m');
+    let lab = up('m');
     let vip = lab.vip();
     let owners = lab.owners();
     let clones0: f64 = (0..NODES)
@@ -753,7 +647,7 @@ fn scripted_member(
 /// `Accepted` leaves the client with the member's answer alone, a `Drop` with the entry node's
 /// alone, and no answer at all with none (the entry node closes its copy without a word).
 fn a_clone_answered_late_across_hosts_is_never_served_twice() {
-    let lab = Lab::up('s');
+    let lab = up('s');
     let vip = lab.vip();
     let owners = lab.owners();
     let t = (0..TARGETS)

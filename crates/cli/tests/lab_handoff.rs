@@ -18,6 +18,9 @@ use switchyard_handoff::netns::NetNs;
 use switchyard_testkit::http::{get_once, read_response};
 use switchyard_testkit::{pipeline, root};
 
+mod lab_support;
+use lab_support::Lab;
+
 fn main() {
     root::main(root::tests![
         handoff_across_hosts_with_the_real_switch_and_nodes,
@@ -30,111 +33,35 @@ fn main() {
     ]);
 }
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_switchyard"))
-}
-
-/// A lab that is taken down when the test ends, however it ends.
-struct Lab {
-    prefix: String,
-    state_dir: tempfile::TempDir,
-    status: serde_json::Value,
-}
-
-impl Lab {
-    fn up(tag: char, extra: &[&str]) -> Lab {
-        let prefix = format!("syt{}{tag}", std::process::id() % 100_000);
-        let state_dir = tempfile::tempdir().unwrap();
-        let dir = state_dir.path().to_path_buf();
-        let lab = |args: &[&str]| {
-            let out = bin()
-                .arg("lab")
-                .args(args)
-                .args(["--prefix", &prefix])
-                .env("SWITCHYARD_LAB_DIR", &dir)
-                .output()
-                .unwrap();
-            (out.status.success(), out)
-        };
-        let mut args = vec!["up", "--nodes", "2", "--mechanism", "handoff"];
-        args.extend_from_slice(extra);
-        let (ok, out) = lab(&args);
-        let mut me = Lab {
-            prefix: prefix.clone(),
-            state_dir,
-            status: serde_json::Value::Null,
-        };
-        assert!(
-            ok,
-            "lab up failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let (ok, out) = lab(&["status", "--json"]);
-        assert!(ok);
-        me.status = serde_json::from_slice(&out.stdout).unwrap();
-        // The switch sets up its steering before its admin listener answers.
-        let (_, ip) = me.host("switch");
-        let admin: SocketAddr = format!("{ip}:9080").parse().unwrap();
-        let up = me.on_client(move || {
-            let until = Instant::now() + Duration::from_secs(20);
-            while Instant::now() < until {
-                if get_once(admin, "/healthz").is_ok() {
-                    return true;
-                }
-                std::thread::sleep(Duration::from_millis(50));
+/// A lab with a switch and two nodes (`lab up --nodes 2 --mechanism handoff` and `extra`),
+/// once the switch's admin listener answers.
+fn up(tag: char, extra: &[&str]) -> Lab {
+    let mut args = vec!["--nodes", "2", "--mechanism", "handoff"];
+    args.extend_from_slice(extra);
+    let me = Lab::start(tag, &args, |_| Vec::new());
+    // The switch sets up its steering before its admin listener answers.
+    let (_, ip) = me.host("switch");
+    let admin: SocketAddr = format!("{ip}:9080").parse().unwrap();
+    let up = me.on_client(move || {
+        let until = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < until {
+            if get_once(admin, "/healthz").is_ok() {
+                return true;
             }
-            false
-        });
-        assert!(
-            up,
-            "the switch's admin listener never answered\n{}",
-            me.logs()
-        );
-        me
-    }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    });
+    assert!(
+        up,
+        "the switch's admin listener never answered\n{}",
+        me.logs()
+    );
+    me
+}
 
-    fn vip(&self) -> SocketAddr {
-        format!("{}:80", self.status["vip"].as_str().unwrap())
-            .parse()
-            .unwrap()
-    }
-
-    fn host(&self, name: &str) -> (String, String) {
-        let h = self.status["hosts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|h| h["name"] == name)
-            .unwrap_or_else(|| panic!("no host {name}: {}", self.status));
-        (
-            h["netns"].as_str().unwrap().to_owned(),
-            h["ip"].as_str().unwrap().to_owned(),
-        )
-    }
-
-    fn pid(&self, host: &str) -> u32 {
-        self.status["processes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["host"] == host)
-            .and_then(|p| p["pid"].as_u64())
-            .unwrap_or_else(|| panic!("no process on {host}")) as u32
-    }
-
-    /// Run `f` on a thread inside the client namespace.
-    fn on_client<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
-        let (ns, _) = self.host("client0");
-        std::thread::spawn(move || {
-            let ns = NetNs::open(&ns).unwrap();
-            let _g = ns.enter().unwrap();
-            f()
-        })
-        .join()
-        .unwrap()
-    }
-
+/// What the handoff suites read of the lab's switch.
+impl Lab {
     /// The switch's Prometheus text, fetched from the client host.
     fn switch_metrics(&self) -> String {
         self.switch_admin("/metrics")
@@ -183,36 +110,6 @@ impl Lab {
             .map(|(_, v)| v.trim().parse::<f64>().unwrap())
             .sum()
     }
-
-    fn logs(&self) -> String {
-        let mut s = String::new();
-        for p in self.status["processes"].as_array().unwrap() {
-            let log = p["log"].as_str().unwrap();
-            let text = std::fs::read_to_string(log).unwrap_or_default();
-            // Warnings and errors from the whole log, then its last lines.
-            let lines: Vec<&str> = text.lines().collect();
-            let cut = lines.len().saturating_sub(20);
-            let tail = lines[..cut]
-                .iter()
-                .filter(|l| l.contains("WARN") || l.contains("ERROR"))
-                .chain(&lines[cut..]);
-            s.push_str(&format!("--- {log}\n"));
-            for l in tail {
-                s.push_str(l);
-                s.push('\n');
-            }
-        }
-        s
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        let _ = bin()
-            .args(["lab", "down", "--prefix", &self.prefix])
-            .env("SWITCHYARD_LAB_DIR", self.state_dir.path())
-            .output();
-    }
 }
 
 /// One response on a kept connection: status and body (`buf` keeps what follows).
@@ -226,7 +123,7 @@ fn sample(size: usize) -> Vec<u8> {
 }
 
 fn handoff_across_hosts_with_the_real_switch_and_nodes() {
-    let lab = Lab::up('h', &[]);
+    let lab = up('h', &[]);
     let vip = lab.vip();
     let started = Instant::now();
     // Each node installed its rule for VIP packets without a socket (--handoff-vip).
@@ -471,7 +368,7 @@ fn multiple_handoff_and_backend_forwarding_across_hosts() {
         ),
     ] {
         let persistent = format!("--persistent={mode}");
-        let lab = Lab::up(
+        let lab = up(
             tag,
             &[
                 "--root",
@@ -515,7 +412,7 @@ fn multiple_handoff_and_backend_forwarding_across_hosts() {
 }
 
 fn handoff_with_nftables_steering() {
-    let lab = Lab::up('n', &["--switch-arg=--steering=nftables"]);
+    let lab = up('n', &["--switch-arg=--steering=nftables"]);
     let vip = lab.vip();
     lab.wait_for_a_handoff("/1k.bin");
     let before = lab.metric("switchyard_handoff_repair_total");
@@ -570,7 +467,7 @@ fn randomized_pipelines_across_hosts() {
         ('m', "multiple-handoff"),
         ('f', "backend-forwarding"),
     ] {
-        let lab = Lab::up(
+        let lab = up(
             tag,
             &[
                 "--root",
@@ -605,7 +502,7 @@ fn a_connection_still_sending_is_relayed_rather_than_moved() {
     std::fs::write(site.path().join("big"), &big).unwrap();
     std::fs::write(site.path().join("small"), b"small").unwrap();
     let root = site.path().to_str().unwrap().to_owned();
-    let lab = Lab::up('u', &["--root", &root]);
+    let lab = up('u', &["--root", &root]);
     lab.wait_for_a_handoff("/small");
     let still = "switchyard_handoff_fallbacks_total{reason=\"still_sending\"}";
     let before = lab.metric(still);
@@ -830,7 +727,7 @@ fn handoffs_work(lab: &Lab, why: &dyn Fn() -> String) {
 
 fn a_switch_started_after_a_sigkill_replaces_its_ebpf_steering() {
     use switchyard_handoff::steer::ebpf::{MAP_NAME, STATS_NAME};
-    let lab = Lab::up('k', &[]);
+    let lab = up('k', &[]);
     handoffs_work(&lab, &|| lab.logs());
     let (ns, _) = lab.host("switch");
     let attached = ingress_progs(&ns);
@@ -870,7 +767,7 @@ fn a_switch_started_after_a_sigkill_replaces_its_ebpf_steering() {
 }
 
 fn a_switch_started_after_a_sigkill_replaces_its_nftables_table() {
-    let lab = Lab::up('t', &["--switch-arg=--steering=nftables"]);
+    let lab = up('t', &["--switch-arg=--steering=nftables"]);
     handoffs_work(&lab, &|| lab.logs());
     let (ns, _) = lab.host("switch");
     let tables = steering_tables(&ns);
