@@ -97,20 +97,13 @@ impl NoSocketDrop {
         vip: Ipv4Addr,
         port: Option<u16>,
     ) -> Result<Self> {
-        let table = format!("sy_nosock_{tag}");
-        let port_match = port.map(|p| format!("tcp dport {p} ")).unwrap_or_default();
-        let script = format!(
-            "table inet {table} {{\n\
-             \tchain pre {{\n\
-             \t\ttype filter hook prerouting priority -150; policy accept;\n\
-             \t\tip daddr {vip} meta l4proto tcp {port_match}tcp flags & (syn | ack) == syn accept\n\
-             \t\tip daddr {vip} meta l4proto tcp {port_match}socket wildcard 0 accept\n\
-             \t\tip daddr {vip} meta l4proto tcp {port_match}counter drop\n\
-             \t}}\n\
-             }}\n"
-        );
-        nft::run_nft_script(ns, &script)?;
-        Ok(NoSocketDrop { table })
+        Self::install_rules(
+            ns,
+            tag,
+            vip,
+            port,
+            &["socket wildcard 0 accept", "counter drop"],
+        )
     }
 
     /// The rule for a host that also accepts clients at the VIP itself (a cooperative node
@@ -128,17 +121,32 @@ impl NoSocketDrop {
         vip: Ipv4Addr,
         port: Option<u16>,
     ) -> Result<Self> {
+        Self::install_rules(ns, tag, vip, port, &["socket wildcard 1 counter drop"])
+    }
+
+    /// The table `sy_nosock_<tag>` (replacing one a killed process left behind): a
+    /// handshake's SYN to `vip` (and `port`) passes, then each of `rules` applies to the TCP
+    /// packets to it.
+    fn install_rules(
+        ns: Option<&NetNs>,
+        tag: &str,
+        vip: Ipv4Addr,
+        port: Option<u16>,
+        rules: &[&str],
+    ) -> Result<Self> {
         let table = format!("sy_nosock_{tag}");
         let port_match = port.map(|p| format!("tcp dport {p} ")).unwrap_or_default();
-        let script = format!(
+        let matches = format!("ip daddr {vip} meta l4proto tcp {port_match}");
+        let mut script = format!(
             "table inet {table} {{\n\
              \tchain pre {{\n\
              \t\ttype filter hook prerouting priority -150; policy accept;\n\
-             \t\tip daddr {vip} meta l4proto tcp {port_match}tcp flags & (syn | ack) == syn accept\n\
-             \t\tip daddr {vip} meta l4proto tcp {port_match}socket wildcard 1 counter drop\n\
-             \t}}\n\
-             }}\n"
+             \t\t{matches}tcp flags & (syn | ack) == syn accept\n"
         );
+        for rule in rules {
+            script.push_str(&format!("\t\t{matches}{rule}\n"));
+        }
+        script.push_str("\t}\n}\n");
         let _ = nft::run_nft_script(ns, &format!("delete table inet {table}\n"));
         nft::run_nft_script(ns, &script)?;
         Ok(NoSocketDrop { table })
