@@ -25,8 +25,9 @@
 //!   is under way, through a temporary file each reads at its own pace ([`spool`]); one
 //!   without (chunked, until close) is relayed to each client as it comes, as the paper's
 //!   Apache did with its object limit. Upstream failures are 502, timeouts 504;
-//! * an ended origin's names, for `expired_redirect_secs`: a 302 back to
-//!   `http://<origin>[:port]<target>`;
+//! * an ended origin's virtual host name, for `expired_redirect_secs`: a 302 back to
+//!   `http://<origin>[:port]<target>`; its own name (reached by DNS round robin, so a
+//!   redirect to it could come straight back) is proxied for as long, storing nothing;
 //! * anything else: 421 Misdirected Request, and no fetch. The node is never an open proxy.
 //!
 //! Fetches go to the origin's IP and port from its SOS (not through DNS, §4.2) with the
