@@ -219,6 +219,12 @@ async fn serve_origin(
                 b"shared for an hour".to_vec(),
             ),
             "/big" => (200, String::new(), vec![b'b'; BIG]),
+            // The origin sends this client elsewhere (to a rescue server of its own, say).
+            "/moved" => (
+                302,
+                "Location: http://www-vh9.other.test/moved\r\n".into(),
+                Vec::new(),
+            ),
             "/private" => (200, "Cache-Control: private\r\n".into(), b"mine".to_vec()),
             "/hang" => {
                 std::future::pending::<()>().await;
@@ -677,6 +683,14 @@ fn an_ended_origin_is_redirected_back() {
     }
     assert_eq!(origin.seen().len(), 3);
     assert_eq!(rescue.stats().redirected, 1);
+    // The origin, which no longer counts this server as its rescuer, may redirect what it
+    // fetches for it: the redirect reaches the client whole, Location included.
+    let r = get(&mut c, FQDN, "/moved");
+    assert_eq!(r.status, 302);
+    assert_eq!(
+        r.header("location"),
+        Some("http://www-vh9.other.test/moved")
+    );
     assert!(rescue.stats().cached_bytes.is_empty());
     // The alias is never given out again.
     assert!(rescue.add_origin(PeerId(2), &origin.sos(), ALIAS).is_err());

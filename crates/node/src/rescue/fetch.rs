@@ -24,6 +24,8 @@ pub(crate) struct Object {
     pub(crate) etag: Option<String>,
     pub(crate) last_modified: Option<String>,
     pub(crate) cache_control: Option<String>,
+    /// Where a redirect of the origin's points (passed on as it came).
+    pub(crate) location: Option<String>,
     pub(crate) body: Bytes,
 }
 
@@ -35,6 +37,7 @@ impl Object {
             &self.etag,
             &self.last_modified,
             &self.cache_control,
+            &self.location,
         ]
         .iter()
         .map(|v| v.as_ref().map_or(0, |s| s.len() as u64))
@@ -55,6 +58,9 @@ pub(crate) struct Kept {
     pub(crate) etag: Option<String>,
     pub(crate) last_modified: Option<String>,
     pub(crate) cache_control: Option<String>,
+    /// `Location`: a redirect of the origin's (to a rescue server, say) reaches the client
+    /// as the origin sent it.
+    pub(crate) location: Option<String>,
     /// The `Content-Length` the origin sent (for relaying a `HEAD` response).
     pub(crate) content_length: Option<u64>,
 }
@@ -128,6 +134,8 @@ impl Kept {
                 });
             } else if name.eq_ignore_ascii_case("content-length") {
                 k.content_length = v.parse().ok();
+            } else if name.eq_ignore_ascii_case("location") {
+                k.location = Some(v);
             }
         }
         k
@@ -155,6 +163,7 @@ impl Kept {
             etag: self.etag,
             last_modified: self.last_modified,
             cache_control: self.cache_control,
+            location: self.location,
             body,
         }
     }
@@ -381,6 +390,7 @@ mod tests {
             etag: Some("\"v1\"".into()),
             last_modified: Some("Sun, 06 Nov 1994 08:49:37 GMT".into()),
             cache_control: None,
+            location: None,
             body: Bytes::new(),
         };
         let cond = String::from_utf8(request(

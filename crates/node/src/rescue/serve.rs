@@ -113,6 +113,7 @@ impl<R: Router> Conn<'_, R> {
                 ("ETag", &o.etag),
                 ("Last-Modified", &o.last_modified),
                 ("Cache-Control", &o.cache_control),
+                ("Location", &o.location),
             ] {
                 if let Some(v) = v {
                     if !(not_modified && name == "Content-Type") {
@@ -156,6 +157,7 @@ impl<R: Router> Conn<'_, R> {
                 ("ETag", &k.etag),
                 ("Last-Modified", &k.last_modified),
                 ("Cache-Control", &k.cache_control),
+                ("Location", &k.location),
             ] {
                 if let Some(v) = v {
                     h = h.header(name, v);
@@ -241,6 +243,7 @@ impl<R: Router> Conn<'_, R> {
                 ("ETag", &kept.etag),
                 ("Last-Modified", &kept.last_modified),
                 ("Cache-Control", &kept.cache_control),
+                ("Location", &kept.location),
             ] {
                 if let Some(v) = v {
                     h = h.header(name, v);

@@ -142,6 +142,7 @@ mod tests {
             etag: None,
             last_modified: None,
             cache_control: None,
+            location: None,
             body: Bytes::from(vec![b'x'; len]),
         })
     }
