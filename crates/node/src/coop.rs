@@ -696,62 +696,89 @@ impl Cluster {
             preread: rest.to_vec(),
             route: Routing::Once,
         };
-        let started = Instant::now();
-        let outcome = link::offer(&peer.link, id, id, (), create, Some(fd), self.mover).await;
-        match outcome {
-            Moved::Moved { .. } => {
-                self.stats
-                    .clone_seconds
-                    .observe(started.elapsed().as_secs_f64());
-                peer.stats.clones.fetch_add(1, Relaxed);
-                // The owner has the socket; this copy is closed without a word.
-                drop(stream);
-                match back.await.unwrap_or(Return::Lost) {
-                    Return::Back {
-                        conn: Came::Fd(fd),
-                        preread,
-                    } => {
-                        peer.stats.hand_backs.fetch_add(1, Relaxed);
-                        match restream(fd) {
-                            Ok(s) => Cloned::Back(s, BytesMut::from(&preread[..])),
-                            Err(e) => {
-                                tracing::warn!(peer = %peer.name, error = %e, "cannot take a connection back");
-                                peer.stats.lost.fetch_add(1, Relaxed);
-                                Cloned::Ended
-                            }
-                        }
-                    }
-                    Return::Back {
-                        conn: Came::Repair(_),
-                        ..
-                    } => {
-                        tracing::warn!(peer = %peer.name, id, "a descriptor clone came back as TCP_REPAIR state");
-                        peer.stats.lost.fetch_add(1, Relaxed);
-                        Cloned::Ended
-                    }
-                    Return::Closed => {
-                        peer.stats.closed.fetch_add(1, Relaxed);
-                        Cloned::Ended
-                    }
-                    Return::Lost => {
+        // The owner has the socket once it accepts; this copy is then closed without a word.
+        match self.offer(peer, id, create, Some(fd), back, stream).await {
+            Offered::Back(Came::Fd(fd), preread) => {
+                peer.stats.hand_backs.fetch_add(1, Relaxed);
+                match restream(fd) {
+                    Ok(s) => Cloned::Back(s, BytesMut::from(&preread[..])),
+                    Err(e) => {
+                        tracing::warn!(peer = %peer.name, error = %e, "cannot take a connection back");
                         peer.stats.lost.fetch_add(1, Relaxed);
                         Cloned::Ended
                     }
                 }
             }
+            Offered::Back(Came::Repair(_), _) => {
+                tracing::warn!(peer = %peer.name, id, "a descriptor clone came back as TCP_REPAIR state");
+                peer.stats.lost.fetch_add(1, Relaxed);
+                Cloned::Ended
+            }
+            Offered::Gone { .. } | Offered::Abandoned => Cloned::Ended,
+            Offered::Refused(stream, why) => Cloned::Here(stream, rest, why),
+        }
+    }
+
+    /// Offer the clone `create` (numbered `id`, whose hand-back `back` waits for) to `peer`
+    /// and, once it is taken, wait for it to come back; the counting and forgetting common to
+    /// both transfers is done here. `stream` (this node's copy of the connection) is closed
+    /// as soon as the owner has taken it, before the wait: a descriptor copy left open would
+    /// keep the socket open past the owner's close, and a repair-mode copy must be gone before
+    /// the connection is restored here.
+    async fn offer(
+        &self,
+        peer: &Peer,
+        id: u64,
+        create: Message,
+        fd: Option<OwnedFd>,
+        back: oneshot::Receiver<Return>,
+        stream: TcpStream,
+    ) -> Offered {
+        let started = Instant::now();
+        match link::offer(&peer.link, id, id, (), create, fd, self.mover).await {
+            Moved::Moved { .. } => {
+                self.stats
+                    .clone_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                peer.stats.clones.fetch_add(1, Relaxed);
+                drop(stream);
+                match back.await.unwrap_or(Return::Lost) {
+                    Return::Back { conn, preread } => Offered::Back(conn, preread),
+                    Return::Closed => {
+                        peer.stats.closed.fetch_add(1, Relaxed);
+                        Offered::Gone { closed: true }
+                    }
+                    Return::Lost => {
+                        peer.stats.lost.fetch_add(1, Relaxed);
+                        Offered::Gone { closed: false }
+                    }
+                }
+            }
             Moved::TakeBack(why) => {
                 peer.forget(id);
-                Cloned::Here(stream, rest, take_back_fallback(why))
+                Offered::Refused(stream, take_back_fallback(why))
             }
             Moved::Abandon(why) => {
                 peer.forget(id);
                 peer.stats.lost.fetch_add(1, Relaxed);
                 tracing::warn!(peer = %peer.name, id, reason = why.label(), "clone abandoned: the connection is closed unanswered");
                 drop(stream);
-                Cloned::Ended
+                Offered::Abandoned
             }
         }
     }
+}
+
+/// How an offered clone ended ([`Cluster::offer`]).
+enum Offered {
+    /// Taken and given back: the connection and the bytes of the next request.
+    Back(Came, Vec<u8>),
+    /// Taken, and closed by the client there (`closed`) or lost with its owner; counted.
+    Gone { closed: bool },
+    /// Refused: serve it here, for this reason.
+    Refused(TcpStream, Fallback),
+    /// Nothing is known: the owner may serve it; closed here unanswered, counted.
+    Abandoned,
 }
 
 impl Cluster {
@@ -801,69 +828,41 @@ impl Cluster {
             preread: rest.to_vec(),
             route: Routing::Once,
         };
-        let started = Instant::now();
-        let outcome = link::offer(&peer.link, id, id, (), create, None, self.mover).await;
-        match outcome {
-            Moved::Moved { .. } => {
-                self.stats
-                    .clone_seconds
-                    .observe(started.elapsed().as_secs_f64());
-                peer.stats.clones.fetch_add(1, Relaxed);
-                // In repair mode: closing sends nothing.
-                drop(stream);
-                match back.await.unwrap_or(Return::Lost) {
-                    Return::Back {
-                        conn: Came::Repair(state),
-                        preread,
-                    } => {
-                        peer.stats.hand_backs.fetch_add(1, Relaxed);
-                        let back = (table, &flow, id, sending);
-                        match self.take_back(back, &state, local, client).await {
-                            Some(s) => Cloned::Back(s, BytesMut::from(&preread[..])),
-                            None => {
-                                peer.stats.lost.fetch_add(1, Relaxed);
-                                Cloned::Ended
-                            }
-                        }
-                    }
-                    Return::Back {
-                        conn: Came::Fd(_), ..
-                    } => {
-                        tracing::warn!(peer = %peer.name, id, "a clone across hosts came back as a descriptor");
+        // The copy here is in repair mode: closing it sends nothing.
+        match self.offer(peer, id, create, None, back, stream).await {
+            Offered::Back(Came::Repair(state), preread) => {
+                peer.stats.hand_backs.fetch_add(1, Relaxed);
+                let back = (table, &flow, id, sending);
+                match self.take_back(back, &state, local, client).await {
+                    Some(s) => Cloned::Back(s, BytesMut::from(&preread[..])),
+                    None => {
                         peer.stats.lost.fetch_add(1, Relaxed);
-                        linger(table, flow, id, LOST_LINGER);
-                        Cloned::Ended
-                    }
-                    Return::Closed => {
-                        peer.stats.closed.fetch_add(1, Relaxed);
-                        linger(table, flow, id, CLOSED_LINGER);
-                        Cloned::Ended
-                    }
-                    Return::Lost => {
-                        peer.stats.lost.fetch_add(1, Relaxed);
-                        linger(table, flow, id, LOST_LINGER);
                         Cloned::Ended
                     }
                 }
             }
-            Moved::TakeBack(why) => {
-                peer.forget(id);
+            Offered::Back(Came::Fd(_), _) => {
+                tracing::warn!(peer = %peer.name, id, "a clone across hosts came back as a descriptor");
+                peer.stats.lost.fetch_add(1, Relaxed);
+                linger(table, flow, id, LOST_LINGER);
+                Cloned::Ended
+            }
+            Offered::Gone { closed: true } => {
+                linger(table, flow, id, CLOSED_LINGER);
+                Cloned::Ended
+            }
+            // The owner may serve an abandoned one: its packets keep going there for a while.
+            Offered::Gone { closed: false } | Offered::Abandoned => {
+                linger(table, flow, id, LOST_LINGER);
+                Cloned::Ended
+            }
+            Offered::Refused(stream, why) => {
                 table.unsteer(&flow, id);
                 if let Err(e) = repair::leave_repair(stream.as_fd()) {
                     tracing::warn!(peer = %peer.name, error = %e, "cannot leave repair mode; the connection is lost");
                     return Cloned::Ended;
                 }
-                Cloned::Here(stream, rest, take_back_fallback(why))
-            }
-            Moved::Abandon(why) => {
-                peer.forget(id);
-                peer.stats.lost.fetch_add(1, Relaxed);
-                tracing::warn!(peer = %peer.name, id, reason = why.label(), "clone abandoned: the connection is closed unanswered");
-                // The owner may serve it: its packets keep going there for a while, and the
-                // copy here closes in repair mode, without a word.
-                linger(table, flow, id, LOST_LINGER);
-                drop(stream);
-                Cloned::Ended
+                Cloned::Here(stream, rest, why)
             }
         }
     }
