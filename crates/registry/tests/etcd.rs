@@ -31,6 +31,24 @@ fn site(reg: &RegistryConfig, name: &str, b_kbps: f64) -> Site {
     Site::new(&cfg, reg, cfg.d_resc())
 }
 
+/// A site `name` of bandwidth `b_kbps`, registered, with default metrics.
+async fn registered(cfg: &RegistryConfig, name: &str, b_kbps: f64) -> Registry {
+    Registry::start(
+        cfg,
+        Some(site(cfg, name, b_kbps)),
+        RegistryMetrics::default(),
+    )
+    .await
+    .unwrap()
+}
+
+/// A registry client that only searches, default metrics.
+async fn searching(cfg: &RegistryConfig) -> Registry {
+    Registry::start(cfg, None, RegistryMetrics::default())
+        .await
+        .unwrap()
+}
+
 fn names(c: &[Registration]) -> Vec<&str> {
     c.iter().map(|r| r.name()).collect()
 }
@@ -111,16 +129,8 @@ async fn losing_the_leader_member_causes_no_false_expiry() {
     let mut etcd = Etcd::start(3);
     let ttl = 3;
     let cfg = reg_cfg(&etcd, ttl, 200);
-    let a = Registry::start(
-        &cfg,
-        Some(site(&cfg, "a.site.test", 1250.0)),
-        RegistryMetrics::default(),
-    )
-    .await
-    .unwrap();
-    let searcher = Registry::start(&cfg, None, RegistryMetrics::default())
-        .await
-        .unwrap();
+    let a = registered(&cfg, "a.site.test", 1250.0).await;
+    let searcher = searching(&cfg).await;
     let mut rx = searcher.subscribe();
     wait_until(&mut rx, LIMIT, "a registered", |s| s.candidates.len() == 1).await;
     let mut client = etcd_client::Client::connect(etcd.endpoints(), None)
@@ -194,23 +204,9 @@ async fn a_crashed_site_disappears_within_ttl_and_one_search_interval() {
     let ttl = Duration::from_secs(3);
     let interval = Duration::from_millis(250);
     let cfg = reg_cfg(&etcd, ttl.as_secs(), interval.as_millis() as u64);
-    let a = Registry::start(
-        &cfg,
-        Some(site(&cfg, "a.site.test", 1250.0)),
-        RegistryMetrics::default(),
-    )
-    .await
-    .unwrap();
-    let b = Registry::start(
-        &cfg,
-        Some(site(&cfg, "b.site.test", 1250.0)),
-        RegistryMetrics::default(),
-    )
-    .await
-    .unwrap();
-    let searcher = Registry::start(&cfg, None, RegistryMetrics::default())
-        .await
-        .unwrap();
+    let a = registered(&cfg, "a.site.test", 1250.0).await;
+    let b = registered(&cfg, "b.site.test", 1250.0).await;
+    let searcher = searching(&cfg).await;
     let mut rx = searcher.subscribe();
     wait_until(&mut rx, LIMIT, "both registered", |s| {
         s.candidates.len() == 2
@@ -239,13 +235,7 @@ async fn a_crashed_site_disappears_within_ttl_and_one_search_interval() {
 async fn with_etcd_unreachable_the_last_candidates_are_kept_and_it_recovers() {
     let mut etcd = Etcd::start(3);
     let cfg = reg_cfg(&etcd, 3, 200);
-    let a = Registry::start(
-        &cfg,
-        Some(site(&cfg, "a.site.test", 1250.0)),
-        RegistryMetrics::default(),
-    )
-    .await
-    .unwrap();
+    let a = registered(&cfg, "a.site.test", 1250.0).await;
     let metrics = RegistryMetrics::default();
     let searcher = Registry::start(&cfg, None, metrics.clone()).await.unwrap();
     let mut rx = searcher.subscribe();
@@ -314,9 +304,7 @@ async fn a_killed_site_process_disappears_within_ttl_and_one_search_interval() {
     let ttl = Duration::from_secs(3);
     let interval = Duration::from_millis(250);
     let cfg = reg_cfg(&etcd, ttl.as_secs(), interval.as_millis() as u64);
-    let searcher = Registry::start(&cfg, None, RegistryMetrics::default())
-        .await
-        .unwrap();
+    let searcher = searching(&cfg).await;
     let mut rx = searcher.subscribe();
     let log = common::Log::default();
     let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
