@@ -226,6 +226,16 @@ impl<K: Hash + Eq + Clone, V> Cache<K, V> {
         self.map.get(key).map(|e| &e.value)
     }
 
+    /// The value of `key`, to change in place, without counting it or informing the policy
+    /// (its size stays what it was stored with).
+    pub fn peek_mut<Q>(&mut self, key: &Q) -> Option<&mut V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.map.get_mut(key).map(|e| &mut e.value)
+    }
+
     /// Whether `key` is stored (no stats, no policy update).
     pub fn contains<Q>(&self, key: &Q) -> bool
     where

@@ -12,7 +12,11 @@
 //!
 //! Replicas are never stale beyond the owner's revalidation interval: a copy carries how long
 //! ago the owner last checked the object against its disk, and the holder stops serving it once
-//! the rest of that interval has passed (the next request goes to the owner, which checks).
+//! the rest of that interval has passed. The next request goes to the owner, which checks its
+//! disk; the holder sends the copy's validator along ([`Lookup::Stale`]), and an owner whose
+//! object is unchanged and still hot renews the copy ([`Replicas::renew`]) instead of sending
+//! its bytes again. So a hot object crosses the network once while it stays unchanged, however
+//! short the revalidation interval, and a changed one is copied anew.
 //!
 //! Time is an argument (`now`, monotonic since an origin the caller chooses), so the node, the
 //! simulator and the tests run the same code.
@@ -216,6 +220,25 @@ struct Copy<V> {
     copies: u32,
     /// Until when it may be served.
     fresh_until: Duration,
+    /// The freshness an owner's check grants (the revalidation interval it arrived with).
+    fresh_for: Duration,
+    /// When a request went to the owner with this copy's validator, once it is stale.
+    checked_at: Option<Duration>,
+}
+
+/// What the replica cache has for a request ([`Replicas::lookup`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Lookup<'a, V> {
+    /// A fresh copy: serve it (counted as a hit).
+    Fresh(&'a V),
+    /// A copy whose freshness ran out: the request goes to the owner, with this copy's
+    /// validator, so that the owner can renew it ([`Replicas::renew`]) instead of copying the
+    /// object again. Every request meanwhile does the same (so that none draws a whole copy
+    /// while the first check is on its way); a copy not renewed within one freshness interval
+    /// of its first check is dropped.
+    Stale(&'a V),
+    /// Nothing to serve and nothing to check.
+    Miss,
 }
 
 /// Counters of a replica cache.
@@ -229,8 +252,14 @@ pub struct ReplicaStats {
     pub rejected: u64,
     /// Replicas evicted to make room.
     pub evicted: u64,
-    /// Replicas dropped because their freshness ran out.
+    /// Replicas whose freshness ran out (each time it does): checked with the owner, then
+    /// renewed, replaced or dropped.
     pub expired: u64,
+    /// Stale replicas the owner found unchanged and renewed without sending them again.
+    pub renewed: u64,
+    /// Stale replicas dropped because the owner did not renew them within a freshness interval
+    /// (the target cooled, or the check was lost).
+    pub dropped: u64,
 }
 
 /// The holder's side: replicas received from owners, in a cache of their own (so replication
@@ -258,31 +287,88 @@ impl<K: Hash + Eq + Clone + Send + 'static, V> Replicas<K, V> {
     }
 
     /// The replica of `key` if there is a fresh one: a hit, counted as as many references as
-    /// there were copies when it arrived. A replica past its freshness is dropped (the request
-    /// goes to the owner).
+    /// there were copies when it arrived. A stale one is for the owner to check: see
+    /// [`Lookup::Stale`].
+    pub fn lookup<Q>(&mut self, key: &Q, now: Duration) -> Lookup<'_, V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let Some(c) = self.cache.peek_mut(key) else {
+            self.cache.tick(now);
+            return Lookup::Miss;
+        };
+        if now < c.fresh_until {
+            let copies = c.copies;
+            self.stats.hits += 1;
+            // `get` counts one reference; the other copies' share comes on top.
+            if copies > 1 {
+                self.cache.add_references(key, u64::from(copies - 1), now);
+            }
+            return match self.cache.get(key, now) {
+                Some(c) => Lookup::Fresh(&c.value),
+                None => Lookup::Miss,
+            };
+        }
+        match c.checked_at {
+            None => {
+                c.checked_at = Some(now);
+                self.stats.expired += 1;
+            }
+            Some(at) if now < at + c.fresh_for => {}
+            Some(_) => {
+                self.cache.remove(key);
+                self.stats.dropped += 1;
+                return Lookup::Miss;
+            }
+        }
+        match self.cache.peek(key) {
+            Some(c) => Lookup::Stale(&c.value),
+            None => Lookup::Miss,
+        }
+    }
+
+    /// The replica of `key` if there is a fresh one (see [`Replicas::lookup`]).
     pub fn get<Q>(&mut self, key: &Q, now: Duration) -> Option<&V>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let (fresh, copies) = match self.cache.peek(key) {
-            Some(c) => (now < c.fresh_until, c.copies),
-            None => {
-                self.cache.tick(now);
-                return None;
-            }
+        match self.lookup(key, now) {
+            Lookup::Fresh(v) => Some(v),
+            Lookup::Stale(_) | Lookup::Miss => None,
+        }
+    }
+
+    /// The owner checked the copy of `key` that `same` accepts (the validator sent with
+    /// [`Lookup::Stale`]) `age` ago, found it unchanged, and counts `copies` copies: it may be
+    /// served for `fresh_for - age` from `now`. Returns whether a copy was renewed (it may have
+    /// been evicted, or replaced by a newer one, meanwhile).
+    pub fn renew<Q>(
+        &mut self,
+        key: &Q,
+        same: impl FnOnce(&V) -> bool,
+        copies: u32,
+        age: Duration,
+        fresh_for: Duration,
+        now: Duration,
+    ) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let Some(c) = self.cache.peek_mut(key) else {
+            return false;
         };
-        if !fresh {
-            self.cache.remove(key);
-            self.stats.expired += 1;
-            return None;
+        if !same(&c.value) {
+            return false;
         }
-        self.stats.hits += 1;
-        // `get` counts one reference; the other copies' share comes on top.
-        if copies > 1 {
-            self.cache.add_references(key, u64::from(copies - 1), now);
-        }
-        self.cache.get(key, now).map(|c| &c.value)
+        c.fresh_until = c.fresh_until.max(now + fresh_for.saturating_sub(age));
+        c.fresh_for = fresh_for;
+        c.copies = copies.max(1);
+        c.checked_at = None;
+        self.stats.renewed += 1;
+        true
     }
 
     /// Store a copy of `key` (`size` bytes) that was checked against the owner's disk `age`
@@ -305,6 +391,8 @@ impl<K: Hash + Eq + Clone + Send + 'static, V> Replicas<K, V> {
             value,
             copies: copies.max(1),
             fresh_until,
+            fresh_for,
+            checked_at: None,
         };
         let k = key.clone();
         match self.cache.insert(key, copy, size, now) {
@@ -427,8 +515,40 @@ mod tests {
         // Checked 0.5 s before it arrived, kept 2 s from that check.
         assert_eq!(r.get("/a", Duration::from_millis(1500)), None);
         assert_eq!(r.stats().expired, 1);
-        assert!(r.is_empty());
         assert_eq!(r.get("/b", T0), None);
+        assert_eq!(r.stats().hits, 1);
+    }
+
+    #[test]
+    fn a_stale_copy_is_checked_once_then_renewed_or_dropped() {
+        let mut r: Replicas<String, &str> = Replicas::new(&settings()).unwrap();
+        let fresh = Duration::from_secs(1);
+        let ms = Duration::from_millis;
+        assert!(r.insert("/a".into(), "A1", 100, 2, T0, fresh, T0).0);
+        assert_eq!(r.lookup("/a", ms(999)), Lookup::Fresh(&"A1"));
+        // Stale: every lookup hands out the validator until the owner answers.
+        assert_eq!(r.lookup("/a", ms(1000)), Lookup::Stale(&"A1"));
+        assert_eq!(r.lookup("/a", ms(1001)), Lookup::Stale(&"A1"));
+        assert_eq!(r.stats().expired, 1);
+        assert_eq!(r.stats().hits, 1);
+        // The owner checked 100 ms ago and found another version: nothing renewed.
+        assert!(!r.renew("/a", |v| *v == "A0", 3, ms(100), fresh, ms(1010)));
+        assert_eq!(r.lookup("/a", ms(1020)), Lookup::Stale(&"A1"));
+        // Unchanged: served again until one interval after the owner's check.
+        assert!(r.renew("/a", |v| *v == "A1", 3, ms(100), fresh, ms(1010)));
+        assert_eq!(r.stats().renewed, 1);
+        assert_eq!(r.lookup("/a", ms(1909)), Lookup::Fresh(&"A1"));
+        assert_eq!(r.stats().hits, 2);
+        // Stale again, and this time the owner never answers (the target cooled): the copy
+        // is checked for one interval and then dropped.
+        assert_eq!(r.lookup("/a", ms(1910)), Lookup::Stale(&"A1"));
+        assert_eq!(r.lookup("/a", ms(2909)), Lookup::Stale(&"A1"));
+        assert_eq!(r.lookup("/a", ms(2910)), Lookup::Miss);
+        assert!(r.is_empty());
+        assert_eq!((r.stats().expired, r.stats().dropped), (2, 1));
+        // A renewal for a copy no longer held changes nothing.
+        assert!(!r.renew("/a", |_| true, 2, T0, fresh, ms(3000)));
+        assert_eq!(r.stats().renewed, 1);
     }
 
     #[test]
@@ -583,7 +703,7 @@ mod props {
 
         #[test]
         fn replicas_stay_in_budget_and_are_never_served_stale(
-            ops in proptest::collection::vec((0u8..8, 0u64..400, 0u64..3_000, 0u64..800, any::<bool>()), 1..200)
+            ops in proptest::collection::vec((0u8..8, 0u64..400, 0u64..3_000, 0u64..800, 0u8..4), 1..200)
         ) {
             let s = settings();
             let fresh_for = Duration::from_millis(2_000);
@@ -591,23 +711,38 @@ mod props {
             // The last copy stored per key: (version, fresh until).
             let mut model: HashMap<u8, (u64, u64)> = HashMap::new();
             let mut now = 0u64;
-            for (version, (k, size, age, step, insert)) in ops.into_iter().enumerate() {
+            for (version, (k, size, age, step, kind)) in ops.into_iter().enumerate() {
                 let version = version as u64;
                 now += step;
                 let t = Duration::from_millis(now);
-                if insert {
-                    let (stored, _) = r.insert(k, (k, version), size, 2, Duration::from_millis(age), fresh_for, t);
-                    prop_assert_eq!(stored, size <= s.max_object_bytes);
-                    if stored {
-                        model.insert(k, (version, now + 2_000u64.saturating_sub(age)));
+                match kind {
+                    0 => {
+                        let (stored, _) = r.insert(k, (k, version), size, 2, Duration::from_millis(age), fresh_for, t);
+                        prop_assert_eq!(stored, size <= s.max_object_bytes);
+                        if stored {
+                            model.insert(k, (version, now + 2_000u64.saturating_sub(age)));
+                        }
                     }
-                } else {
-                    let got = r.get(&k, t).copied();
-                    if let Some((gk, gv)) = got {
-                        let (v, until) = model[&k];
-                        prop_assert_eq!(gk, k);
-                        prop_assert_eq!(gv, v, "only the latest copy is served");
-                        prop_assert!(now < until, "served after its freshness ran out");
+                    1 | 2 => {
+                        // The owner's check: of the latest version (1) or of an older one (2).
+                        let Some(&(v, until)) = model.get(&k) else { continue };
+                        let checked = if kind == 1 { v } else { v.wrapping_sub(1) };
+                        let renewed = r.renew(&k, |c| c.1 == checked, 2, Duration::from_millis(age), fresh_for, t);
+                        if kind == 2 {
+                            prop_assert!(!renewed, "an older version renewed the copy");
+                        }
+                        if renewed {
+                            model.insert(k, (v, until.max(now + 2_000u64.saturating_sub(age))));
+                        }
+                    }
+                    _ => {
+                        let got = r.get(&k, t).copied();
+                        if let Some((gk, gv)) = got {
+                            let (v, until) = model[&k];
+                            prop_assert_eq!(gk, k);
+                            prop_assert_eq!(gv, v, "only the latest copy is served");
+                            prop_assert!(now < until, "served after its freshness ran out");
+                        }
                     }
                 }
                 prop_assert!(r.bytes() <= r.capacity_bytes());

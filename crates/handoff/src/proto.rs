@@ -292,6 +292,29 @@ pub enum Message {
     /// (seed 000 §3.2.1), sent on the control connection the peer's `Create` came in on,
     /// before the connection's `HandBack`.
     Replica(Box<ReplicaObject>),
+    /// Peer → owner, cooperative mode: the peer holds a copy of `target` whose freshness ran
+    /// out, with entity tag `etag`, and moves the owner a request for it next (sent just before
+    /// that `Create`). An owner that then finds its object unchanged and still hot answers
+    /// [`Message::ReplicaValid`] instead of sending the object again.
+    ReplicaCheck {
+        /// The object's key.
+        target: String,
+        /// The entity tag of the peer's copy.
+        etag: String,
+    },
+    /// Owner → peer, cooperative mode: the copy of `target` with entity tag `etag` is still the
+    /// owner's object; the peer may serve it for another revalidation interval, less `age_ms`.
+    /// Sent where a [`Message::Replica`] would be.
+    ReplicaValid {
+        /// The object's key.
+        target: String,
+        /// The entity tag the owner checked.
+        etag: String,
+        /// Copies in the cluster with the peer's.
+        copies: u32,
+        /// How long ago the owner last checked the object against its disk, in milliseconds.
+        age_ms: u64,
+    },
 }
 
 /// A hot object's copy and what a holder needs to answer for it exactly as its owner does.
@@ -330,8 +353,10 @@ mod op {
     pub const SERVED: u8 = 12;
     pub const CANCEL: u8 = 13;
     pub const REPLICA: u8 = 14;
+    pub const REPLICA_CHECK: u8 = 15;
+    pub const REPLICA_VALID: u8 = 16;
     /// The highest opcode defined.
-    pub const LAST: u8 = REPLICA;
+    pub const LAST: u8 = REPLICA_VALID;
 }
 
 const ACTION_SERVE: u8 = 1;
@@ -357,6 +382,8 @@ impl Message {
             Message::Served { .. } => op::SERVED,
             Message::Cancel { .. } => op::CANCEL,
             Message::Replica(_) => op::REPLICA,
+            Message::ReplicaCheck { .. } => op::REPLICA_CHECK,
+            Message::ReplicaValid { .. } => op::REPLICA_VALID,
         }
     }
 
@@ -522,6 +549,21 @@ impl Message {
                 put_u64(o, r.age_ms);
                 put_bytes(o, &r.body, "replica body", MAX_REPLICA)?;
             }
+            Message::ReplicaCheck { target, etag } => {
+                put_bytes(o, target.as_bytes(), "target", MAX_TARGET)?;
+                put_str(o, etag, "etag")?;
+            }
+            Message::ReplicaValid {
+                target,
+                etag,
+                copies,
+                age_ms,
+            } => {
+                put_bytes(o, target.as_bytes(), "target", MAX_TARGET)?;
+                put_str(o, etag, "etag")?;
+                put_u32(o, *copies);
+                put_u64(o, *age_ms);
+            }
         }
         Ok(())
     }
@@ -619,6 +661,16 @@ impl Message {
                 age_ms: r.u64("age")?,
                 body: r.bytes("replica body", MAX_REPLICA)?,
             })),
+            op::REPLICA_CHECK => Message::ReplicaCheck {
+                target: r.text("target", MAX_TARGET)?,
+                etag: r.string("etag")?,
+            },
+            op::REPLICA_VALID => Message::ReplicaValid {
+                target: r.text("target", MAX_TARGET)?,
+                etag: r.string("etag")?,
+                copies: r.u32("copies")?,
+                age_ms: r.u64("age")?,
+            },
             other => return Err(ProtoError::UnknownOpcode(other)),
         };
         if !r.b.is_empty() {
@@ -1047,6 +1099,35 @@ mod tests {
     }
 
     #[test]
+    fn replica_checks_and_renewals_round_trip() {
+        let check = Message::ReplicaCheck {
+            target: "/hot/a.html".into(),
+            etag: "\"1-2-3\"".into(),
+        };
+        let valid = Message::ReplicaValid {
+            target: "/hot/a.html".into(),
+            etag: "\"1-2-3\"".into(),
+            copies: 4,
+            age_ms: 120,
+        };
+        for (m, opcode) in [(check, 15), (valid, 16)] {
+            let f = m.to_frame().unwrap();
+            assert_eq!(f[3], opcode);
+            assert_eq!(Message::decode(&f).unwrap().unwrap(), (m.clone(), f.len()));
+            assert_eq!(m.id(), None);
+            assert!(!m.needs_fd());
+            for n in [0, 7, 8, f.len() - 1] {
+                assert_eq!(Message::decode(&f[..n]), Ok(None), "prefix {n}");
+            }
+            let mut longer = f.clone();
+            longer.push(0);
+            let len = u32::try_from(f.len() - HEADER_LEN + 1).unwrap();
+            longer[4..8].copy_from_slice(&len.to_be_bytes());
+            assert_eq!(Message::decode(&longer), Err(ProtoError::Trailing(1)));
+        }
+    }
+
+    #[test]
     fn create_round_trips() {
         let m = Message::Create {
             id: 7,
@@ -1104,8 +1185,8 @@ mod tests {
         assert_eq!(f[HEADER_LEN + 8], 6);
         assert_eq!(Message::decode(&f).unwrap().unwrap(), (d, f.len()));
         assert_eq!(
-            Message::decode(b"SY\x01\x0f"),
-            Err(ProtoError::UnknownOpcode(15))
+            Message::decode(b"SY\x01\x11"),
+            Err(ProtoError::UnknownOpcode(17))
         );
     }
 

@@ -62,7 +62,7 @@ use crate::config::ClusterConfig;
 use crate::conn::{self, Ctx, Router, Step};
 use crate::error::NodeError;
 use crate::handoff::restream;
-use crate::replica::Replication;
+use crate::replica::{Held, Replication};
 use crate::store::Store;
 
 /// Targets the dashboard's hot-target counter keeps track of in a period.
@@ -1029,9 +1029,22 @@ impl Router for Owned<'_> {
             Some(peer) => {
                 peer.stats.routed.fetch_add(1, Relaxed);
                 if let (Some(r), Some(key)) = (&c.replication, &key) {
-                    if let Some(object) = r.replica(key) {
-                        self.served_for = peer.id;
-                        return Step::Replica(object);
+                    match r.lookup(key) {
+                        Held::Fresh(object) => {
+                            self.served_for = peer.id;
+                            return Step::Replica(object);
+                        }
+                        // Ahead of the request, on the same connection: the owner checks
+                        // the copy as it serves it.
+                        // (Written at once, so before the `Create`, however that is sent.)
+                        Held::Stale(etag) => {
+                            let check = Message::ReplicaCheck {
+                                target: key.clone(),
+                                etag,
+                            };
+                            peer.link.send(&check, None);
+                        }
+                        Held::Miss => {}
                     }
                 }
                 self.clone_to = Some(peer);
@@ -1326,6 +1339,17 @@ fn on_message(cluster: &Cluster, peer: &Peer, m: Message, fd: Option<OwnedFd>) {
                 tracing::debug!(peer = %peer.name, "copy of a hot object ignored: replication is off")
             }
         },
+        Message::ReplicaValid {
+            target,
+            etag,
+            copies,
+            age_ms,
+        } => match &cluster.replication {
+            Some(repl) => repl.renew(&target, &etag, copies, age_ms),
+            None => {
+                tracing::debug!(peer = %peer.name, "renewal of a copy ignored: replication is off")
+            }
+        },
         Message::Accepted { id } => {
             if let Some(p) = peer.link.answer(id) {
                 let _ = p.tx.send(Event::Accepted);
@@ -1553,8 +1577,26 @@ fn encode_replication(
     counter(
         enc,
         "switchyard_node_replicas_expired",
-        "Copies dropped when their owner's revalidation interval ran out",
+        "Copies whose owner's revalidation interval ran out (then checked with the owner)",
         stats.expired,
+    )?;
+    counter(
+        enc,
+        "switchyard_node_replicas_renewed",
+        "Stale copies the owner found unchanged and renewed without sending them again",
+        stats.renewed,
+    )?;
+    counter(
+        enc,
+        "switchyard_node_replicas_dropped",
+        "Stale copies dropped because the owner did not renew them within an interval",
+        stats.dropped,
+    )?;
+    counter(
+        enc,
+        "switchyard_node_replica_renewals_sent",
+        "Peers' stale copies of this node's hot objects found unchanged and renewed",
+        r.stats.renewals_sent.load(Relaxed),
     )?;
     counter(
         enc,

@@ -419,6 +419,10 @@ async fn control(
             Message::Ping { nonce } => {
                 ctl.send(Message::Pong { nonce });
             }
+            Message::ReplicaCheck { target, etag } => match (&rx.ctx.replication, ctl.peer.get()) {
+                (Some(r), Some(name)) => r.checking(name, target, etag),
+                _ => tracing::debug!(%peer, "copy check ignored: replication is off"),
+            },
             Message::Hello { .. } | Message::Pong { .. } => {}
             other => {
                 tracing::debug!(%peer, msg = name_of(&other), id = ?other.id(), "unexpected control message ignored")
@@ -476,6 +480,8 @@ fn name_of(m: &Message) -> &'static str {
         Message::Pong { .. } => "Pong",
         Message::Cancel { .. } => "Cancel",
         Message::Replica(_) => "Replica",
+        Message::ReplicaCheck { .. } => "ReplicaCheck",
+        Message::ReplicaValid { .. } => "ReplicaValid",
     }
 }
 

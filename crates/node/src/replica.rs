@@ -9,16 +9,20 @@
 //!
 //! As a holder, the node keeps copies in a replica cache of its own and serves requests for
 //! them itself while they are fresh: a copy is served for the rest of its owner's revalidation
-//! interval (the owner says how long ago it last checked the file), after which requests go to
-//! the owner again, which checks its disk and sends a new copy while the target stays hot.
-//! A copy answers exactly as the owner does: same bytes, entity tag, `Last-Modified`.
+//! interval (the owner says how long ago it last checked the file), after which the next
+//! request goes to the owner again, preceded by the copy's entity tag
+//! ([`Message::ReplicaCheck`]). The owner checks its disk as it serves that request; if the
+//! file is unchanged and the target still hot it renews the copy ([`Message::ReplicaValid`],
+//! a few bytes), if the file changed it sends the new one. A copy answers exactly as the owner
+//! does: same bytes, entity tag, `Last-Modified`.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
-use switchyard_cache::replication::{HotTargets, ReplicaStats, Replicas};
+use switchyard_cache::replication::{HotTargets, Lookup, ReplicaStats, Replicas};
 use switchyard_handoff::proto::{Message, ReplicaObject};
 
 use crate::config::ReplicationConfig;
@@ -37,6 +41,26 @@ pub(crate) struct ReplicationStats {
     pub received: AtomicU64,
     /// Copies received that could not be kept (no memory for them).
     pub unusable: AtomicU64,
+    /// Peers' stale copies found unchanged and renewed without sending them again.
+    pub renewals_sent: AtomicU64,
+}
+
+/// Checks announced by peers ([`Message::ReplicaCheck`]) and not yet answered, at most this
+/// many: each is answered or forgotten with the request that follows it, so only a peer whose
+/// requests keep failing could leave more; beyond the bound all are forgotten (the copies
+/// concerned are then sent whole).
+const MAX_CHECKS: usize = 4096;
+
+/// What the replica cache has for a request.
+#[derive(Debug)]
+pub(crate) enum Held {
+    /// A fresh copy: serve it.
+    Fresh(Arc<CachedObject>),
+    /// A stale copy with this entity tag: send the owner a [`Message::ReplicaCheck`] with the
+    /// request.
+    Stale(String),
+    /// Nothing here.
+    Miss,
 }
 
 /// One node's replication state.
@@ -46,6 +70,9 @@ pub(crate) struct Replication {
     replicas: Mutex<Replicas<String, Arc<CachedObject>>>,
     /// How long a copy may be served after its owner last checked it.
     fresh_for: Duration,
+    /// Entity tags of peers' stale copies, by (peer, target), with the number of requests
+    /// announced with it and not yet answered.
+    checks: Mutex<HashMap<(String, String), (String, u32)>>,
     origin: Instant,
     pub stats: ReplicationStats,
 }
@@ -60,6 +87,7 @@ impl Replication {
             hot: Mutex::new(HotTargets::new(&settings).map_err(bad)?),
             replicas: Mutex::new(Replicas::new(&settings).map_err(bad)?),
             fresh_for,
+            checks: Mutex::new(HashMap::new()),
             origin: Instant::now(),
             stats: ReplicationStats::default(),
         })
@@ -75,21 +103,65 @@ impl Replication {
         self.hot.lock().reference(key, now);
     }
 
-    /// A fresh copy of `key` held here, counted as a hit.
-    pub(crate) fn replica(&self, key: &str) -> Option<Arc<CachedObject>> {
+    /// The copy of `key` held here: a fresh one is counted as a hit.
+    pub(crate) fn lookup(&self, key: &str) -> Held {
         let now = self.now();
-        self.replicas.lock().get(key, now).cloned()
+        match self.replicas.lock().lookup(key, now) {
+            Lookup::Fresh(o) => Held::Fresh(o.clone()),
+            Lookup::Stale(o) => Held::Stale(o.info.etag.clone()),
+            Lookup::Miss => Held::Miss,
+        }
     }
 
-    /// The copy of `key` to send to `peer`, which moved a request for it here (and was just
-    /// answered from `store`), if the target is hot and its object is in memory.
+    /// `peer` holds a stale copy of `key` with entity tag `etag` and moves the request for it
+    /// here next.
+    pub(crate) fn checking(&self, peer: &str, key: String, etag: String) {
+        let mut checks = self.checks.lock();
+        if checks.len() >= MAX_CHECKS {
+            checks.clear();
+        }
+        let pending = checks
+            .entry((peer.to_owned(), key))
+            .or_insert_with(|| (etag.clone(), 0));
+        if pending.0 != etag {
+            *pending = (etag, 0);
+        }
+        pending.1 += 1;
+    }
+
+    /// What to send `peer`, which moved a request for `key` here (just answered from `store`):
+    /// a copy of the object if the target is hot and its object is in memory, or only its
+    /// renewal if the peer's stale copy (announced by [`Replication::checking`]) is still it.
     pub(crate) fn offer(&self, store: &Store, key: &str, peer: &str) -> Option<Message> {
+        let checked = {
+            let mut checks = self.checks.lock();
+            let id = (peer.to_owned(), key.to_owned());
+            match checks.get_mut(&id) {
+                Some((etag, n)) if *n > 1 => {
+                    *n -= 1;
+                    Some(etag.clone())
+                }
+                Some(_) => checks.remove(&id).map(|(etag, _)| etag),
+                None => None,
+            }
+        };
         let object = store.cached(key)?;
         let now = self.now();
         let copies = self
             .hot
             .lock()
             .ship(key, object.info.len, peer.to_owned(), now)?;
+        let age_ms = u64::try_from(store.validated_age(&object).as_millis()).unwrap_or(u64::MAX);
+        if checked.as_deref() == Some(object.info.etag.as_str()) {
+            self.stats.renewals_sent.fetch_add(1, Relaxed);
+            tracing::debug!(key, peer, copies, "a peer's copy of a hot object renewed");
+            return Some(Message::ReplicaValid {
+                target: key.to_owned(),
+                etag: object.info.etag.clone(),
+                copies,
+                age_ms,
+            });
+        }
         let body = match object.to_bytes() {
             Ok(b) => b,
             Err(e) => {
@@ -120,7 +192,7 @@ impl Replication {
             mtime_ns,
             inode: info.inode,
             copies,
-            age_ms: u64::try_from(store.validated_age(&object).as_millis()).unwrap_or(u64::MAX),
+            age_ms,
             body,
         })))
     }
@@ -161,9 +233,27 @@ impl Replication {
         }
     }
 
+    /// The owner found this node's stale copy of `target` (entity tag `etag`) unchanged.
+    pub(crate) fn renew(&self, target: &str, etag: &str, copies: u32, age_ms: u64) {
+        let now = self.now();
+        let age = Duration::from_millis(age_ms);
+        let renewed = self.replicas.lock().renew(
+            target,
+            |o| o.info.etag == etag,
+            copies,
+            age,
+            self.fresh_for,
+            now,
+        );
+        if !renewed {
+            tracing::debug!(key = target, "renewal of a copy no longer held ignored");
+        }
+    }
+
     /// A peer's control connection ended: it is no longer counted as holding copies.
     pub(crate) fn peer_gone(&self, peer: &str) {
         self.hot.lock().peer_gone(&peer.to_owned());
+        self.checks.lock().retain(|(p, _), _| p != peer);
     }
 
     /// Replicas held, their bytes, and the replica cache's counters.

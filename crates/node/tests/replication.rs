@@ -252,4 +252,45 @@ fn a_changed_file_is_not_served_from_an_old_copy_beyond_the_revalidation_interva
             && p.metric(1, "switchyard_node_objects_shipped_total") >= 2.0
     }));
     assert!(p.metric(0, "switchyard_node_replicas_expired_total") >= 1.0);
+    // The changed object travelled whole: its old copy was not renewed.
+    let old_len = format!("n1:t{t}").len();
+    assert!(
+        p.metric(1, "switchyard_node_objects_shipped_bytes_total") >= (old_len + new.len()) as f64
+    );
+}
+
+#[test]
+fn an_unchanged_copy_is_renewed_by_its_owner_rather_than_sent_again() {
+    const REVALIDATE: Duration = Duration::from_millis(200);
+    let p = Pair::start(|c| c.cache_revalidate_ms = REVALIDATE.as_millis() as u64);
+    let t = p.owned_by_n1();
+    let path = format!("/t{t}.txt");
+    let body = format!("n1:t{t}");
+    let mut client = p.nodes[0].client();
+    for _ in 1..THRESHOLD as usize {
+        client.get(&path);
+    }
+    assert!(eventually(WAIT, || p.metric(0, "switchyard_node_replicas") == 1.0));
+    assert_eq!(p.metric(1, "switchyard_node_objects_shipped_total"), 1.0);
+    // Requests over several revalidation intervals: each time the copy goes stale, one request
+    // goes to the owner with the copy's entity tag and the owner renews the copy.
+    let deadline = Instant::now() + WAIT;
+    while p.metric(0, "switchyard_node_replicas_renewed_total") < 3.0 {
+        let r = client.get(&path);
+        assert_eq!((r.status, r.body.as_slice()), (200, body.as_bytes()));
+        assert!(Instant::now() < deadline, "no renewals");
+    }
+    // The object crossed once; every check after that cost a few bytes.
+    assert_eq!(p.metric(1, "switchyard_node_objects_shipped_total"), 1.0);
+    assert_eq!(
+        p.metric(1, "switchyard_node_objects_shipped_bytes_total"),
+        body.len() as f64
+    );
+    assert!(p.metric(1, "switchyard_node_replica_renewals_sent_total") >= 3.0);
+    assert!(p.metric(0, "switchyard_node_replicas_expired_total") >= 3.0);
+    assert_eq!(p.metric(0, "switchyard_node_replicas_dropped_total"), 0.0);
+    // Most requests were still answered from the copy.
+    let hits = p.metric(0, "switchyard_node_replica_hits_total");
+    let renewals = p.metric(0, "switchyard_node_replicas_renewed_total");
+    assert!(hits > renewals, "hits {hits}, renewals {renewals}");
 }

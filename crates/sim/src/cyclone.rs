@@ -66,7 +66,9 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use switchyard_cache::replication::{HotTargets, ReplicaStats, Replicas, ReplicationSettings};
+use switchyard_cache::replication::{
+    HotTargets, Lookup, ReplicaStats, Replicas, ReplicationSettings,
+};
 use switchyard_cache::Cache;
 use switchyard_policy::{ConnId, NodeId, NodeSpec, Outcome, Policy, PolicyConfig};
 use switchyard_trace::SynthConfig;
@@ -471,6 +473,8 @@ pub struct CoopNode {
     pub replicas_expired: u64,
     /// Copies it sent as owner (whole run).
     pub copies_shipped: u64,
+    /// Stale copies of its objects it renewed as owner without sending them again (whole run).
+    pub copies_renewed: u64,
 }
 
 /// Figures of one cooperative run.
@@ -707,6 +711,8 @@ struct Node {
     hot: Option<HotTargets<u32, u32>>,
     replicas: Option<Replicas<u32, ()>>,
     c: Counters,
+    /// Stale copies renewed as owner (whole run).
+    renewed: u64,
     /// Busy times (CPU, disk, link) when the measurement window opens and closes.
     mark: (Nanos, Nanos, Nanos),
     mark_end: Option<(Nanos, Nanos, Nanos)>,
@@ -736,8 +742,12 @@ enum Step {
     Answer,
     /// The response is out: the request counts as done.
     Done,
-    /// The owner, having answered a cloned request, may ship a copy to the entry node.
-    Ship { owner: u32 },
+    /// The owner, having answered a cloned request, may ship a copy to the entry node, or
+    /// only renew the entry node's stale copy (`check`: the request came with its validator;
+    /// the simulated objects never change, so a check always finds the copy current).
+    Ship { owner: u32, check: bool },
+    /// The owner's renewal of a stale copy arrives at the entry node.
+    Renew { copies: u32, age: Nanos },
     /// A copy with `copies` copies, checked `age` ago, arrives at the entry node.
     Replica { copies: u32, age: Nanos },
     /// The connection ends.
@@ -886,6 +896,7 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
                 owners,
                 hot,
                 replicas,
+                renewed: 0,
                 c: Counters::default(),
                 mark: (0, 0, 0),
                 mark_end: None,
@@ -1159,11 +1170,16 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
                 return;
             }
         };
+        let mut check = false;
         if let Some(r) = self.nodes[e as usize].replicas.as_mut() {
-            if r.get(&t, now).is_some() {
-                self.set_source(s, Source::Replica, e);
-                self.push(s, Step::Answer);
-                return;
+            match r.lookup(&t, now) {
+                Lookup::Fresh(()) => {
+                    self.set_source(s, Source::Replica, e);
+                    self.push(s, Step::Answer);
+                    return;
+                }
+                Lookup::Stale(()) => check = true,
+                Lookup::Miss => {}
             }
         }
         if sys.forwards() {
@@ -1181,7 +1197,7 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
                 },
             );
             if sys.replicates() {
-                self.push(s, Step::Ship { owner: o });
+                self.push(s, Step::Ship { owner: o, check });
             }
             if self.counting() {
                 self.t.clones += 1;
@@ -1355,7 +1371,10 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
                     ));
                     if self.cfg.system.replicates() {
                         // CF-REP: kept only as a replica, when the owner says it is hot.
-                        front.push(Step::Ship { owner: o });
+                        front.push(Step::Ship {
+                            owner: o,
+                            check: false,
+                        });
                     } else {
                         front.push(Step::Insert(e));
                     }
@@ -1375,7 +1394,7 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
                     ];
                     self.prepend(s, front);
                 }
-                Step::Ship { owner: o } => {
+                Step::Ship { owner: o, check } => {
                     // Only an object in the owner's memory is copied (`Replication::offer`).
                     let node = &mut self.nodes[o as usize];
                     if !node.cache.contains(&t) {
@@ -1386,6 +1405,12 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
                     else {
                         continue;
                     };
+                    if check {
+                        // A few bytes on the control connection, not charged.
+                        node.renewed += 1;
+                        self.prepend(s, vec![Step::Renew { copies, age }]);
+                        continue;
+                    }
                     if self.counting() {
                         self.nodes[o as usize].c.shipped += 1;
                     }
@@ -1411,6 +1436,12 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
                     let fresh = self.cfg.replica_fresh;
                     if let Some(r) = self.nodes[e as usize].replicas.as_mut() {
                         r.insert(t, (), size, copies, at(age), fresh, at(now));
+                    }
+                }
+                Step::Renew { copies, age } => {
+                    let fresh = self.cfg.replica_fresh;
+                    if let Some(r) = self.nodes[e as usize].replicas.as_mut() {
+                        r.renew(&t, |()| true, copies, at(age), fresh, at(now));
                     }
                 }
                 Step::Done => {
@@ -1600,7 +1631,8 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
                     replica_hits: rs.hits,
                     replicas_stored: rs.stored,
                     replicas_expired: rs.expired,
-                    copies_shipped: node.hot.as_ref().map_or(0, |h| h.shipped()),
+                    copies_shipped: node.hot.as_ref().map_or(0, |h| h.shipped()) - node.renewed,
+                    copies_renewed: node.renewed,
                 }
             })
             .collect();
