@@ -40,6 +40,8 @@ struct Seen {
     if_none_match: Option<String>,
     if_modified_since: Option<String>,
     status: u16,
+    /// The address the request came from.
+    from: std::net::IpAddr,
 }
 
 /// A test origin: counts and records every request; `/gated` answers only once the gate
@@ -106,6 +108,7 @@ async fn serve_origin(
     log: Arc<Mutex<Vec<Seen>>>,
     mut gate: watch::Receiver<u8>,
 ) {
+    let from = s.peer_addr().unwrap().ip();
     let mut buf = Vec::new();
     loop {
         let (head_len, mut seen) = loop {
@@ -127,6 +130,7 @@ async fn serve_origin(
                         if_none_match: h("if-none-match"),
                         if_modified_since: h("if-modified-since"),
                         status: 0,
+                        from,
                     },
                 );
             }
@@ -290,6 +294,11 @@ fn an_alias_and_the_origin_name_are_served_from_the_origin() {
     assert_eq!(origin.count("/hello?x=1"), 1);
     let s = &origin.seen()[0];
     assert_eq!(s.method, "GET");
+    assert_eq!(
+        s.from.to_string(),
+        "127.0.0.2",
+        "fetched from the rescue server's own address"
+    );
     assert_eq!(
         s.host,
         format!("{FQDN}:{}", origin.addr.port()),

@@ -23,13 +23,13 @@
 //! bytes spliced, which side failed) and the caller keeps its own metrics.
 
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use bytes::BytesMut;
 use thiserror::Error;
 use tokio::io::AsyncReadExt;
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::{timeout, timeout_at, Instant};
 
 pub mod collect;
@@ -54,6 +54,14 @@ pub enum Error {
     Connect {
         /// The peer.
         addr: SocketAddr,
+        /// What failed.
+        source: io::Error,
+    },
+    /// The source address to connect from could not be taken (not an address of this host).
+    #[error("connect from {ip}: {source}")]
+    Source {
+        /// The source address.
+        ip: IpAddr,
         /// What failed.
         source: io::Error,
     },
@@ -189,9 +197,37 @@ impl Connection {
 /// Open a new connection to `addr`, waiting at most `limit`, with `TCP_NODELAY` set (requests go
 /// out in one write; Nagle must not hold the next one back).
 pub async fn connect(addr: SocketAddr, limit: Duration) -> Result<Connection, Error> {
-    let stream = match timeout(limit, TcpStream::connect(addr)).await {
+    connect_from(addr, None, limit).await
+}
+
+/// [`connect`], leaving from `source` (any port) when it is given and of `addr`'s family. An
+/// address this host does not have (`EADDRNOTAVAIL`, say a public address in front of a NAT)
+/// is an error of its own, [`Error::Source`], so that a caller can fall back.
+pub async fn connect_from(
+    addr: SocketAddr,
+    source: Option<IpAddr>,
+    limit: Duration,
+) -> Result<Connection, Error> {
+    let connecting = async {
+        let socket = if addr.is_ipv4() {
+            TcpSocket::new_v4()
+        } else {
+            TcpSocket::new_v6()
+        }
+        .map_err(|source| Error::Connect { addr, source })?;
+        if let Some(ip) = source.filter(|ip| ip.is_ipv4() == addr.is_ipv4()) {
+            socket
+                .bind(SocketAddr::new(ip, 0))
+                .map_err(|e| Error::Source { ip, source: e })?;
+        }
+        socket
+            .connect(addr)
+            .await
+            .map_err(|source| Error::Connect { addr, source })
+    };
+    let stream = match timeout(limit, connecting).await {
         Ok(Ok(s)) => s,
-        Ok(Err(source)) => return Err(Error::Connect { addr, source }),
+        Ok(Err(e)) => return Err(e),
         Err(_) => {
             return Err(Error::Connect {
                 addr,
@@ -218,7 +254,7 @@ pub async fn exchange_pooled(
     loop {
         let limit = connect_limit.min(until.saturating_duration_since(Instant::now()));
         let mut conn = if fresh {
-            connect(addr, limit).await?
+            pool.connect(addr, limit).await?
         } else {
             pool.checkout(addr, limit).await?
         };

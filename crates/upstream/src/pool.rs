@@ -15,7 +15,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
@@ -67,6 +67,10 @@ impl Drop for List {
 pub struct Pool {
     id: u64,
     shared: Arc<Shared>,
+    /// The address new connections leave from, while this host has it.
+    source: Option<IpAddr>,
+    /// `source` was found not to be this host's: new connections leave from the default one.
+    source_gone: AtomicBool,
 }
 
 impl Pool {
@@ -82,6 +86,30 @@ impl Pool {
                 closed: AtomicBool::new(false),
                 lists: Mutex::new(Vec::new()),
             }),
+            source: None,
+            source_gone: AtomicBool::new(false),
+        }
+    }
+
+    /// New connections leave from `ip` (any port), so that peers see the address this host is
+    /// known by. If this host does not have `ip` (a public address in front of a NAT, say), a
+    /// warning is logged once and connections leave from the address the routing table picks.
+    pub fn with_source(mut self, ip: IpAddr) -> Self {
+        self.source = Some(ip);
+        self
+    }
+
+    /// A new connection to `peer` (never an idle one), from the pool's source address.
+    pub async fn connect(&self, peer: SocketAddr, limit: Duration) -> Result<Connection, Error> {
+        let source = self.source.filter(|_| !self.source_gone.load(Relaxed));
+        match crate::connect_from(peer, source, limit).await {
+            Err(Error::Source { ip, source: e }) => {
+                if !self.source_gone.swap(true, Relaxed) {
+                    tracing::warn!(%ip, error = %e, "not an address of this host: connections to peers leave from the default address");
+                }
+                crate::connect(peer, limit).await
+            }
+            r => r,
         }
     }
 
@@ -116,7 +144,7 @@ impl Pool {
     pub async fn checkout(&self, peer: SocketAddr, limit: Duration) -> Result<Connection, Error> {
         match self.take(peer) {
             Some(c) => Ok(c),
-            None => crate::connect(peer, limit).await,
+            None => self.connect(peer, limit).await,
         }
     }
 
@@ -298,5 +326,32 @@ mod tests {
         std::thread::spawn(move || p.clear()).join().unwrap();
         assert_eq!(pool.idle(), 0);
         assert!(!take(&pool, addr));
+    }
+
+    #[test]
+    fn new_connections_leave_from_the_pools_source_address() {
+        rt().block_on(async {
+            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = l.local_addr().unwrap();
+            let from = "127.0.0.2".parse().unwrap();
+            let pool = Pool::new(4, 4).with_source(from);
+            let (c, accepted) = tokio::join!(pool.checkout(addr, LIMIT), l.accept());
+            assert_eq!(c.unwrap().stream().local_addr().unwrap().ip(), from);
+            assert_eq!(accepted.unwrap().1.ip(), from);
+            // An address this host does not have: the connection leaves from the default one.
+            let pool = Pool::new(4, 4).with_source("192.0.2.7".parse().unwrap());
+            for _ in 0..2 {
+                let (c, accepted) = tokio::join!(pool.connect(addr, LIMIT), l.accept());
+                assert!(c.is_ok());
+                assert_eq!(accepted.unwrap().1.ip().to_string(), "127.0.0.1");
+            }
+            assert!(pool.source_gone.load(Relaxed));
+            // Without a pool, the failure is its own error.
+            let e = crate::connect_from(addr, Some("192.0.2.7".parse().unwrap()), LIMIT)
+                .await
+                .err()
+                .unwrap();
+            assert!(matches!(e, Error::Source { .. }), "{e}");
+        });
     }
 }

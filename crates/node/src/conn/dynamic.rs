@@ -102,7 +102,9 @@ fn classify(e: &upstream::Error) -> (u16, UpstreamError) {
         upstream::Error::Connect { source, .. } if source.kind() == TimedOut => {
             (504, UpstreamError::Timeout)
         }
-        upstream::Error::Connect { .. } => (502, UpstreamError::Connect),
+        upstream::Error::Connect { .. } | upstream::Error::Source { .. } => {
+            (502, UpstreamError::Connect)
+        }
         upstream::Error::Send(s) if s.kind() == TimedOut => (504, UpstreamError::Timeout),
         upstream::Error::TimedOut => (504, UpstreamError::Timeout),
         upstream::Error::Response(_) | upstream::Error::Chunked(_) => {

@@ -230,7 +230,9 @@ impl RescueProxy {
             table: Mutex::new(VhostTable::new(&cfg)),
             store: Mutex::new(ProxyStore::new(&cfg.proxy)),
             flights: Mutex::new(HashMap::new()),
-            pool: Pool::new(usize::MAX, MAX_IDLE_PER_ORIGIN),
+            // Fetches leave from the address this server is known by, which is how an origin
+            // tells its rescuers' fetches from its clients' requests.
+            pool: Pool::new(usize::MAX, MAX_IDLE_PER_ORIGIN).with_source(cfg.web_ip),
             counters: Counters::default(),
             spools: SpoolBudget::new(cfg.proxy.spool_bytes),
             epoch: Instant::now(),
