@@ -32,9 +32,11 @@ use crate::{AgingCounter, Cache, InsertOutcome, LfuAging, PolicyError};
 /// its request rate, so 200 makes a target hot from about 10 requests a second (counted with
 /// its copies). Chosen in the simulator on the trace shaped like seed 000's (74,820 files,
 /// 650 MB, 1M requests) at 8 nodes and 160 clients, with copies trusted for the node's 1 s
-/// revalidation interval: 20 gave 0.588 of the links, 50 0.572, 200 0.621 (the lower
-/// thresholds copy more objects, and every copy is sent again each second). With copies
-/// trusted for 60 s, 20 is better (0.897 against 0.835); see bench/cyclone.
+/// revalidation interval and renewed by their owners when stale: 20 gave 0.808 of the links,
+/// 50 0.782, 200 0.833, 500 0.781 (a lower threshold fills the replica cache with copies that
+/// are renewed, each renewal costing a request moved to the owner; a higher one leaves hot
+/// objects with their owners). With copies trusted for 60 s, 20 is better (0.897); see
+/// bench/cyclone.
 pub const DEFAULT_HOT_THRESHOLD: f64 = 200.0;
 
 /// How targets become hot and how much memory replicas may take.
