@@ -446,16 +446,20 @@ fn batch_removal_case(backend: Backend) {
         ip: [10, 99, 0, 2].into(),
         mac: [2, 0, 0, 0, 0, 2],
     };
-    for f in &flows {
-        c.steering.insert(f, &to).unwrap();
-    }
-    assert!(c.steering.remove(&flows[2]).unwrap());
-    assert!(c.steering.remove(&flows[5]).unwrap());
-    assert_eq!(c.steering.remove_many(&flows).unwrap(), 4);
-    assert_eq!(c.steering.remove_many(&flows).unwrap(), 0);
-    for f in &flows {
-        assert!(!c.steering.remove(f).unwrap(), "{f:?} is gone");
-    }
+    // Element updates of the nftables backend act on the calling thread's namespace.
+    let steering = c.steering.clone();
+    in_ns(c.switch_ns(), move || {
+        for f in &flows {
+            steering.insert(f, &to).unwrap();
+        }
+        assert!(steering.remove(&flows[2]).unwrap());
+        assert!(steering.remove(&flows[5]).unwrap());
+        assert_eq!(steering.remove_many(&flows).unwrap(), 4);
+        assert_eq!(steering.remove_many(&flows).unwrap(), 0);
+        for f in &flows {
+            assert!(!steering.remove(f).unwrap(), "{f:?} is gone");
+        }
+    });
 }
 
 fn node_killed_after_a_handoff() {
