@@ -562,8 +562,8 @@ impl Info {
         } else {
             (0, 0)
         };
-        let send_queue_empty = (len >= INFO_NOTSENT_END && len >= 28)
-            .then(|| u32_at(24) == 0 && u32_at(INFO_NOTSENT_END - 4) == 0);
+        let send_queue_empty =
+            (len >= INFO_NOTSENT_END).then(|| u32_at(24) == 0 && u32_at(INFO_NOTSENT_END - 4) == 0);
         Some(Info {
             state: info[0],
             options,
