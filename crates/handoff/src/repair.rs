@@ -8,17 +8,20 @@
 //! * dump: the steering entry for the 4-tuple is installed by the caller
 //!   *before* [`dump`]; then a socket filter that drops every arriving
 //!   segment (a socket in repair mode would still acknowledge data the dump
-//!   no longer sees), `TCP_REPAIR = 1`, `TCP_INFO`, `SIOCINQ`,
-//!   `SIOCOUTQ`, `SIOCOUTQNSD`, `TCP_MAXSEG` (the peer's MSS in repair mode),
-//!   `TCP_TIMESTAMP`, `TCP_REPAIR_WINDOW`, then per queue (send, then receive)
+//!   no longer sees), `TCP_REPAIR = 1`, `TCP_INFO` (state, options, window
+//!   scales and whether the send queue is empty: see `Info::parse`),
+//!   `SIOCOUTQ` and `SIOCOUTQNSD` only when the send queue holds bytes,
+//!   `TCP_MAXSEG` (the peer's MSS in repair mode), `TCP_TIMESTAMP` only when
+//!   timestamps are on,
+//!   `TCP_REPAIR_WINDOW`, then per queue (send, then receive)
 //!   `TCP_REPAIR_QUEUE`, `TCP_QUEUE_SEQ` and the bytes with `MSG_PEEK` (the
 //!   receive queue's length, `SIOCINQ`, only when a first peek fills a small
 //!   buffer: it is almost always empty). Closing
 //!   the socket while it is still in repair mode sends neither FIN nor RST.
 //! * restore: `socket` → `SO_REUSEADDR` → `TCP_REPAIR = 1` → `TCP_MAXSEG`
 //!   (before `connect`, else the socket keeps the 536-byte default) → `bind`
-//!   (VIP:port) → receive-queue sequence = `rcv_seq − inq` → send-queue
-//!   sequence = `snd_seq − outq` → `connect` (sends nothing) →
+//!   (VIP:port) → send-queue sequence = `snd_seq − outq` → receive-queue
+//!   sequence = `rcv_seq − inq` → `connect` (sends nothing) →
 //!   `TCP_REPAIR_OPTIONS` → `TCP_TIMESTAMP` → refill the queues →
 //!   `TCP_REPAIR_WINDOW` (only after the refill, else `EINVAL`) →
 //!   `TCP_REPAIR = 0` (the kernel sends a window probe) → `SO_REUSEADDR` again
@@ -518,38 +521,93 @@ fn undeafen(fd: BorrowedFd<'_>) -> Result<()> {
     }
 }
 
-fn dump_in_repair(fd: RawFd) -> Result<RepairState> {
-    let info: [u8; 256] = {
-        let mut b = [0u8; 256];
-        let mut len = b.len() as libc::socklen_t;
-        // SAFETY: b is valid for len bytes.
-        let r = unsafe {
-            libc::getsockopt(
-                fd,
-                libc::IPPROTO_TCP,
-                TCP_INFO,
-                b.as_mut_ptr() as *mut libc::c_void,
-                &mut len,
-            )
-        };
-        if r != 0 || len < 8 {
-            return Err(HandoffError::last_os("getsockopt(TCP_INFO)"));
+/// What a dump takes from `TCP_INFO` (`struct tcp_info`, `linux/tcp.h`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Info {
+    state: u8,
+    options: u8,
+    snd_wscale: u8,
+    rcv_wscale: u8,
+    /// `Some(true)` when `TCP_INFO` shows the send queue empty (nothing in flight and nothing
+    /// unsent), `Some(false)` when it holds bytes, `None` when the kernel's `tcp_info` is too
+    /// short to tell (then `SIOCOUTQ` decides).
+    send_queue_empty: Option<bool>,
+}
+
+/// Length of `struct tcp_info` up to and including `tcpi_notsent_bytes` (Linux 4.6).
+const INFO_NOTSENT_END: usize = 148;
+
+impl Info {
+    /// Reads the fields a dump needs from the first `len` bytes of a `tcp_info`.
+    ///
+    /// The MSS is not taken from here: `tcpi_snd_mss` is the current segment size, which the
+    /// kernel also bounds by half the largest window the peer offered (on loopback half of the
+    /// clamp), so it can be below the clamp `TCP_MAXSEG` answers in repair mode, and a restored
+    /// socket would keep the smaller size for good.
+    ///
+    /// The send queue: `tcpi_unacked` counts segments sent and not acknowledged and
+    /// `tcpi_notsent_bytes` the bytes written but not sent; both zero means `SIOCOUTQ` would
+    /// say 0, and the common dump (the switch has sent nothing on the connection) needs no
+    /// `ioctl` for it.
+    fn parse(info: &[u8], len: usize) -> Option<Info> {
+        let len = len.min(info.len());
+        if len < 8 {
+            return None;
         }
-        b
+        let u32_at =
+            |o: usize| u32::from_ne_bytes([info[o], info[o + 1], info[o + 2], info[o + 3]]);
+        let options = info[5] & (OPT_TIMESTAMPS | OPT_SACK | OPT_WSCALE);
+        let (snd_wscale, rcv_wscale) = if options & OPT_WSCALE != 0 {
+            (info[6] & 0x0f, info[6] >> 4)
+        } else {
+            (0, 0)
+        };
+        let send_queue_empty =
+            (len >= INFO_NOTSENT_END).then(|| u32_at(24) == 0 && u32_at(INFO_NOTSENT_END - 4) == 0);
+        Some(Info {
+            state: info[0],
+            options,
+            snd_wscale,
+            rcv_wscale,
+            send_queue_empty,
+        })
+    }
+}
+
+fn dump_in_repair(fd: RawFd) -> Result<RepairState> {
+    let mut raw = [0u8; 256];
+    let mut len = raw.len() as libc::socklen_t;
+    // SAFETY: raw is valid for len bytes.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            TCP_INFO,
+            raw.as_mut_ptr() as *mut libc::c_void,
+            &mut len,
+        )
     };
-    if info[0] != TCP_ESTABLISHED {
+    if r != 0 {
+        return Err(HandoffError::last_os("getsockopt(TCP_INFO)"));
+    }
+    let info = Info::parse(&raw, len as usize)
+        .ok_or_else(|| HandoffError::NotMovable(format!("TCP_INFO of {len} bytes is too short")))?;
+    if info.state != TCP_ESTABLISHED {
         return Err(HandoffError::NotMovable(format!(
             "TCP state {} is not ESTABLISHED",
-            info[0]
+            info.state
         )));
     }
-    let options = info[5] & (OPT_TIMESTAMPS | OPT_SACK | OPT_WSCALE);
-    let (snd_wscale, rcv_wscale) = if options & OPT_WSCALE != 0 {
-        (info[6] & 0x0f, info[6] >> 4)
-    } else {
-        (0, 0)
+    let Info {
+        options,
+        snd_wscale,
+        rcv_wscale,
+        ..
+    } = info;
+    let outq = match info.send_queue_empty {
+        Some(true) => 0,
+        _ => step("ioctl(SIOCOUTQ)", ioctl_int(fd, SIOCOUTQ))? as usize,
     };
-    let outq = step("ioctl(SIOCOUTQ)", ioctl_int(fd, SIOCOUTQ))? as usize;
     if outq > crate::proto::MAX_QUEUE {
         return Err(HandoffError::NotMovable(format!(
             "send queue of {outq} bytes too large to move"
@@ -564,10 +622,16 @@ fn dump_in_repair(fd: RawFd) -> Result<RepairState> {
         "getsockopt(TCP_MAXSEG)",
         getsockopt_raw(fd, libc::IPPROTO_TCP, TCP_MAXSEG),
     )?;
-    let timestamp: u32 = step(
-        "getsockopt(TCP_TIMESTAMP)",
-        getsockopt_raw(fd, libc::IPPROTO_TCP, TCP_TIMESTAMP),
-    )?;
+    let mss = mss.max(0) as u32;
+    // The restore sets the clock only when timestamps are on.
+    let timestamp: u32 = if options & OPT_TIMESTAMPS != 0 {
+        step(
+            "getsockopt(TCP_TIMESTAMP)",
+            getsockopt_raw(fd, libc::IPPROTO_TCP, TCP_TIMESTAMP),
+        )?
+    } else {
+        0
+    };
     let window: RepairWindow = step(
         "getsockopt(TCP_REPAIR_WINDOW)",
         getsockopt_raw(fd, libc::IPPROTO_TCP, TCP_REPAIR_WINDOW),
@@ -577,7 +641,7 @@ fn dump_in_repair(fd: RawFd) -> Result<RepairState> {
     Ok(RepairState {
         snd_seq,
         rcv_seq,
-        mss: mss.max(0) as u32,
+        mss,
         snd_wscale,
         rcv_wscale,
         options,
@@ -733,14 +797,8 @@ pub fn restore_with(
     }
     let rcv_start = state.rcv_seq.wrapping_sub(state.recv_queue.len() as u32);
     let snd_start = state.snd_seq.wrapping_sub(state.send_queue.len() as u32);
-    step(
-        "setsockopt(TCP_REPAIR_QUEUE)",
-        set_int(fd, tcp, TCP_REPAIR_QUEUE, TCP_RECV_QUEUE),
-    )?;
-    step(
-        "setsockopt(TCP_QUEUE_SEQ recv)",
-        set_int(fd, tcp, TCP_QUEUE_SEQ, rcv_start as libc::c_int),
-    )?;
+    // The send queue's sequence first and the receive queue's last: the receive queue stays
+    // selected for its refill below, which then needs no selection of its own.
     step(
         "setsockopt(TCP_REPAIR_QUEUE)",
         set_int(fd, tcp, TCP_REPAIR_QUEUE, TCP_SEND_QUEUE),
@@ -748,6 +806,14 @@ pub fn restore_with(
     step(
         "setsockopt(TCP_QUEUE_SEQ send)",
         set_int(fd, tcp, TCP_QUEUE_SEQ, snd_start as libc::c_int),
+    )?;
+    step(
+        "setsockopt(TCP_REPAIR_QUEUE)",
+        set_int(fd, tcp, TCP_REPAIR_QUEUE, TCP_RECV_QUEUE),
+    )?;
+    step(
+        "setsockopt(TCP_QUEUE_SEQ recv)",
+        set_int(fd, tcp, TCP_QUEUE_SEQ, rcv_start as libc::c_int),
     )?;
     let (pa, pl) = sockaddr(&peer);
     // SAFETY: pa/pl describe a valid address. In repair mode connect sends nothing.
@@ -790,10 +856,7 @@ pub fn restore_with(
         )?;
     }
     if !state.recv_queue.is_empty() {
-        step(
-            "setsockopt(TCP_REPAIR_QUEUE)",
-            set_int(fd, tcp, TCP_REPAIR_QUEUE, TCP_RECV_QUEUE),
-        )?;
+        // The receive queue is still the selected one.
         send_all_repair(fd, &state.recv_queue, "refill receive queue")?;
     }
     let unsent = (state.send_unsent as usize).min(state.send_queue.len());
@@ -805,10 +868,8 @@ pub fn restore_with(
         )?;
         send_all_repair(fd, sent_part, "refill send queue")?;
     }
-    step(
-        "setsockopt(TCP_REPAIR_QUEUE)",
-        set_int(fd, tcp, TCP_REPAIR_QUEUE, 0),
-    )?;
+    // No selection of "no queue" before leaving repair mode: the selection matters only in
+    // repair mode, and entering it again (a later dump) resets it.
     step(
         "setsockopt(TCP_REPAIR_WINDOW)",
         setsockopt_raw(fd, tcp, TCP_REPAIR_WINDOW, &state.window),
@@ -899,6 +960,80 @@ mod tests {
         let mut got = [0u8; 4];
         server.read_exact(&mut got).unwrap();
         assert_eq!(&got, b"ping");
+    }
+
+    /// A `tcp_info` as the kernel fills it, with the fields a dump reads.
+    fn info_bytes(
+        state: u8,
+        options: u8,
+        wscale: u8,
+        snd_mss: u32,
+        unacked: u32,
+        notsent: u32,
+    ) -> [u8; 256] {
+        let mut b = [0u8; 256];
+        b[0] = state;
+        b[5] = options;
+        b[6] = wscale;
+        b[16..20].copy_from_slice(&snd_mss.to_ne_bytes());
+        b[24..28].copy_from_slice(&unacked.to_ne_bytes());
+        b[144..148].copy_from_slice(&notsent.to_ne_bytes());
+        b
+    }
+
+    #[test]
+    fn tcp_info_gives_options_scales_and_the_send_queue() {
+        let all = OPT_TIMESTAMPS | OPT_SACK | OPT_WSCALE;
+        let b = info_bytes(TCP_ESTABLISHED, all | 0x10, 0x97, 1448, 0, 0);
+        let i = Info::parse(&b, 232).unwrap();
+        assert_eq!(i.state, TCP_ESTABLISHED);
+        assert_eq!(i.options, all, "bits beyond the three carried are dropped");
+        assert_eq!((i.snd_wscale, i.rcv_wscale), (7, 9));
+        assert_eq!(i.send_queue_empty, Some(true));
+        // Without window scaling no scales.
+        let i = Info::parse(&info_bytes(1, OPT_SACK, 0x97, 1460, 0, 0), 232).unwrap();
+        assert_eq!((i.snd_wscale, i.rcv_wscale), (0, 0));
+        // Segments in flight or bytes not sent: the queue is not empty.
+        let i = Info::parse(&info_bytes(1, all, 0, 1448, 2, 0), 232).unwrap();
+        assert_eq!(i.send_queue_empty, Some(false));
+        let i = Info::parse(&info_bytes(1, all, 0, 1448, 0, 100), 232).unwrap();
+        assert_eq!(i.send_queue_empty, Some(false));
+        // An older kernel's shorter tcp_info cannot tell.
+        let i = Info::parse(&info_bytes(1, all, 0, 0, 0, 0), 104).unwrap();
+        assert_eq!(i.send_queue_empty, None);
+        assert_eq!(Info::parse(&b, 7), None, "too short for the options");
+    }
+
+    /// On a real connection in repair mode, `TCP_INFO` shows an idle connection's send queue
+    /// empty, as `SIOCOUTQ` does.
+    /// Needs CAP_NET_ADMIN; without it the test checks that the dump says so.
+    #[test]
+    fn tcp_info_agrees_with_siocoutq_in_repair_mode() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let _client = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (server, _) = l.accept().unwrap();
+        let fd = server.as_raw_fd();
+        if check_capability().is_err() {
+            assert!(dump(server.as_fd()).is_err_and(|e| e.is_no_privilege()));
+            return;
+        }
+        set_repair(server.as_fd(), true).unwrap();
+        let mut raw = [0u8; 256];
+        let mut len = raw.len() as libc::socklen_t;
+        // SAFETY: raw is valid for len bytes.
+        let r = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                TCP_INFO,
+                raw.as_mut_ptr() as *mut libc::c_void,
+                &mut len,
+            )
+        };
+        assert_eq!(r, 0);
+        let info = Info::parse(&raw, len as usize).unwrap();
+        assert_eq!(info.send_queue_empty, Some(true));
+        assert_eq!(unacked(server.as_fd()).unwrap(), 0);
     }
 
     #[test]

@@ -23,6 +23,8 @@ fn main() {
         refused_handoff_falls_back_to_the_switch,
         client_reusing_a_source_port_ebpf,
         client_reusing_a_source_port_nftables,
+        steering_entries_leave_in_one_batch_ebpf,
+        steering_entries_leave_in_one_batch_nftables,
         node_killed_after_a_handoff,
         ten_thousand_handed_off_requests,
     ]);
@@ -411,6 +413,53 @@ fn client_reusing_a_source_port_ebpf() {
 
 fn client_reusing_a_source_port_nftables() {
     reuse_port_case(Backend::Nft);
+}
+
+fn steering_entries_leave_in_one_batch_ebpf() {
+    batch_removal_case(Backend::Ebpf);
+}
+
+fn steering_entries_leave_in_one_batch_nftables() {
+    batch_removal_case(Backend::Nft);
+}
+
+/// `remove_many` removes every entry still present, also when one in the middle is already
+/// gone (the eBPF backend's batch stops at an absent key and goes on after it), and says how
+/// many there were; a second removal finds none.
+fn batch_removal_case(backend: Backend) {
+    use switchyard_handoff::steer::Target;
+    let _w = watchdog(
+        "steering_entries_leave_in_one_batch",
+        Duration::from_secs(120),
+    );
+    let c = Cluster::start(Opts {
+        backend,
+        ..Opts::default()
+    });
+    let flows: Vec<Flow> = (0..6u16)
+        .map(|i| {
+            let client: SocketAddr = ([10, 99, 0, 1], 41_000 + i).into();
+            Flow::new(client, c.vip).unwrap()
+        })
+        .collect();
+    let to = Target {
+        ip: [10, 99, 0, 2].into(),
+        mac: [2, 0, 0, 0, 0, 2],
+    };
+    // Element updates of the nftables backend act on the calling thread's namespace.
+    let steering = c.steering.clone();
+    in_ns(c.switch_ns(), move || {
+        for f in &flows {
+            steering.insert(f, &to).unwrap();
+        }
+        assert!(steering.remove(&flows[2]).unwrap());
+        assert!(steering.remove(&flows[5]).unwrap());
+        assert_eq!(steering.remove_many(&flows).unwrap(), 4);
+        assert_eq!(steering.remove_many(&flows).unwrap(), 0);
+        for f in &flows {
+            assert!(!steering.remove(f).unwrap(), "{f:?} is gone");
+        }
+    });
 }
 
 fn node_killed_after_a_handoff() {

@@ -950,13 +950,32 @@ fn thread_cpu() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
-/// Remove `flow`'s entry after `after`, if connection `id` still owns it.
+/// Remove `flow`'s entry after `after`, if connection `id` still owns it (the table's
+/// expiry task, [`expire_lingering`], removes it).
 fn linger(table: &Arc<Table>, flow: Flow, id: u64, after: Duration) {
-    let table = table.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(after).await;
-        table.unsteer(&flow, id);
-    });
+    table.linger(flow, id, std::time::Instant::now() + after);
+}
+
+/// How often lingering steering entries are looked at: an entry goes at most this much
+/// after its time, and the entries due together leave the kernel's map in one call.
+const EXPIRY_TICK: Duration = Duration::from_millis(100);
+
+/// Remove lingering steering entries whose time is up, every [`EXPIRY_TICK`], until `stop`.
+async fn expire_lingering(table: Arc<Table>, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(EXPIRY_TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                table.expire(std::time::Instant::now());
+            }
+            r = stop.changed() => {
+                if r.is_err() || *stop.borrow() {
+                    return;
+                }
+            }
+        }
+    }
 }
 
 /// The fallback a definitive refusal is counted as.
@@ -1102,6 +1121,9 @@ struct PeerLink {
 impl Membership {
     /// `cluster` in force, its control connections kept up until `stop`.
     pub(crate) fn start(cluster: Cluster, stop: watch::Receiver<bool>) -> Arc<Self> {
+        if let Some(table) = &cluster.steering {
+            tokio::spawn(expire_lingering(table.clone(), stop.clone()));
+        }
         let m = Arc::new(Membership {
             current: parking_lot::RwLock::new(Arc::new(cluster)),
             stop,

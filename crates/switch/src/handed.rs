@@ -1,8 +1,9 @@
 //! The switch's table of connections that live on nodes (one-way delivery), shared by every
 //! thread: which node holds each handed-off connection and what it still owes (`Served` per
-//! dispatched request), the steering entries and who owns them, entries lingering after a
-//! connection closed, and the fallback counters. Whatever control connection a node reports
-//! on, its reports land here.
+//! dispatched request), its steering table (`switchyard_handoff::steer::table`, the same
+//! table a cooperative node uses: who owns each entry, entries lingering after a connection
+//! closed, the set-up and its removal), and the fallback counters. Whatever control
+//! connection a node reports on, its reports land here.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -13,7 +14,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use switchyard_handoff::metrics::HandoffMetrics;
 use switchyard_handoff::mover;
-use switchyard_handoff::steer::{self, Flow, Steering, Target};
+use switchyard_handoff::steer::table::{self, Table};
+use switchyard_handoff::steer::{Flow, Target};
 use switchyard_policy::ConnId;
 
 use crate::config::{ControlAddr, SteeringKind, SwitchConfig};
@@ -130,19 +132,11 @@ impl Handed {
 /// Everything the switch keeps for one-way delivery.
 pub(crate) struct Handoffs {
     pub metrics: HandoffMetrics,
-    pub steering: Option<Arc<dyn Steering>>,
+    pub steering: Option<Table>,
     /// Why there is no steering table, if there is none.
     pub steering_error: Option<String>,
     pub next_id: AtomicU64,
     pub conns: Mutex<HashMap<u64, Handed>>,
-    /// The connection that owns each live steering entry (a delayed removal must not take
-    /// the entry of a newer connection on the same 4-tuple).
-    flows: Mutex<HashMap<Flow, u64>>,
-    /// Entries of closed connections, removed once their time is up (oldest first; every
-    /// connection of a generation lingers equally long, so deadlines stay nearly in order).
-    lingering: Mutex<VecDeque<(Instant, Flow, u64)>>,
-    /// Removes the steering setup (at shutdown).
-    teardown: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 impl std::fmt::Debug for Handoffs {
@@ -154,12 +148,6 @@ impl std::fmt::Debug for Handoffs {
     }
 }
 
-impl Drop for Handoffs {
-    fn drop(&mut self) {
-        self.shutdown();
-    }
-}
-
 impl Handoffs {
     /// Set up for `cfg`: a steering table when handoffs cross hosts.
     pub fn new(cfg: &SwitchConfig, instance: &str) -> Self {
@@ -168,51 +156,20 @@ impl Handoffs {
                 .nodes
                 .iter()
                 .any(|n| matches!(n.control, Some(ControlAddr::Tcp(_))));
-        let mut steering: Option<Arc<dyn Steering>> = None;
+        let mut steering = None;
         let mut steering_error = None;
-        let mut teardown: Option<Box<dyn FnOnce() + Send>> = None;
         if cross_host {
-            let iface = cfg.steering_iface.clone();
-            let tag = instance.replace(|c: char| !c.is_ascii_alphanumeric(), "_");
-            let nft = |teardown: &mut Option<Box<dyn FnOnce() + Send>>| {
-                steer::nft::NftSteering::setup(None, &iface, &tag).map(|s| {
-                    let tag = tag.clone();
-                    *teardown = Some(Box::new(move || {
-                        steer::nft::NftSteering::teardown(None, &tag)
-                    }));
-                    Arc::new(s) as Arc<dyn Steering>
-                })
+            let iface = &cfg.steering_iface;
+            let backend = match cfg.steering {
+                SteeringKind::Ebpf => table::Backend::Ebpf,
+                SteeringKind::Nftables => table::Backend::Nftables,
             };
-            let r: switchyard_handoff::Result<Arc<dyn Steering>> = match cfg.steering {
-                SteeringKind::Ebpf => {
-                    let ecfg = steer::ebpf::EbpfConfig::new(&iface, instance);
-                    let pin_dir = ecfg.pin_dir.clone();
-                    let iface2 = iface.clone();
-                    match steer::ebpf::EbpfSteering::setup(&ecfg, None) {
-                        Ok(s) => {
-                            teardown = Some(Box::new(move || {
-                                steer::ebpf::EbpfSteering::teardown(None, &iface2, &pin_dir)
-                            }));
-                            Ok(Arc::new(s) as Arc<dyn Steering>)
-                        }
-                        // nftables is the fallback when the eBPF program cannot be built or
-                        // attached (no clang or bpftool, an older kernel).
-                        Err(e) => {
-                            tracing::warn!(error = %e, %iface, "eBPF steering unavailable; trying nftables");
-                            nft(&mut teardown).map_err(|n| {
-                                switchyard_handoff::HandoffError::Other(format!(
-                                    "eBPF: {e}; nftables: {n}"
-                                ))
-                            })
-                        }
-                    }
-                }
-                SteeringKind::Nftables => nft(&mut teardown),
-            };
-            match r {
-                Ok(s) => {
-                    tracing::info!(backend = s.kind(), %iface, "steering ready");
-                    steering = Some(s);
+            // An eBPF set-up that fails (no clang or bpftool, an older kernel) falls back to
+            // nftables inside `Table::setup`.
+            match Table::setup(backend, iface, instance) {
+                Ok(t) => {
+                    tracing::info!(backend = t.kind(), %iface, "steering ready");
+                    steering = Some(t);
                 }
                 Err(e) => {
                     tracing::error!(error = %e, %iface,
@@ -227,35 +184,23 @@ impl Handoffs {
             steering_error,
             next_id: AtomicU64::new(1),
             conns: Mutex::new(HashMap::new()),
-            flows: Mutex::new(HashMap::new()),
-            lingering: Mutex::new(VecDeque::new()),
-            teardown: Mutex::new(teardown),
         }
     }
 
-    /// Remove the entries whose linger time is over (called periodically by the switch's linger
-    /// task), then refresh the gauge of live entries.
+    /// Remove the entries whose linger time is over at `now` (called periodically by the
+    /// switch's linger task; those due together leave in one batch), then refresh the gauge
+    /// of live entries.
     pub fn expire_lingering(&self, now: Instant) {
-        loop {
-            let next = {
-                let mut q = self.lingering.lock();
-                match q.front() {
-                    Some((at, _, _)) if *at <= now => q.pop_front(),
-                    _ => None,
-                }
-            };
-            let Some((_, flow, id)) = next else {
-                break;
-            };
-            self.unsteer(&flow, id);
+        if let Some(t) = &self.steering {
+            t.expire(now);
         }
         self.set_steering_gauge();
     }
 
     /// Remove the steering setup; connections on nodes keep their entries until then.
     pub fn shutdown(&self) {
-        if let Some(t) = self.teardown.lock().take() {
-            t();
+        if let Some(t) = &self.steering {
+            t.shutdown();
         }
     }
 
@@ -290,14 +235,11 @@ impl Handoffs {
     }
 
     pub fn steer(&self, flow: &Flow, to: &Target, id: u64) -> bool {
-        let Some(s) = &self.steering else {
+        let Some(t) = &self.steering else {
             return false;
         };
-        match s.insert(flow, to) {
-            Ok(()) => {
-                self.flows.lock().insert(*flow, id);
-                true
-            }
+        match t.steer(flow, to, id) {
+            Ok(()) => true,
             Err(e) => {
                 tracing::warn!(error = %e, "steering insert failed");
                 false
@@ -307,27 +249,17 @@ impl Handoffs {
 
     /// Removes `flow`'s entry if connection `id` still owns it.
     pub fn unsteer(&self, flow: &Flow, id: u64) {
-        let Some(s) = &self.steering else {
-            return;
-        };
-        {
-            let mut flows = self.flows.lock();
-            if flows.get(flow) != Some(&id) {
-                return;
-            }
-            flows.remove(flow);
-        }
-        if let Err(e) = s.remove(flow) {
-            tracing::warn!(error = %e, "steering remove failed");
+        if let Some(t) = &self.steering {
+            t.unsteer(flow, id);
         }
     }
 
     /// Keep `flow`'s entry for `linger` more (the FIN exchange, or a node that may hold the
     /// connection), then remove it if connection `id` still owns it.
     pub fn linger(&self, flow: Flow, id: u64, linger: Duration) {
-        self.lingering
-            .lock()
-            .push_back((Instant::now() + linger, flow, id));
+        if let Some(t) = &self.steering {
+            t.linger(flow, id, Instant::now() + linger);
+        }
     }
 
     /// A connection nobody may serve any more from here: its table entry goes (returned), its

@@ -133,6 +133,9 @@ pub(crate) struct Offer<'a> {
     /// The worker thread that owns the connection (whose control connection carries it).
     pub worker: usize,
     pub preread: Vec<u8>,
+    /// Whether the switch has written anything on the connection (a response it relayed or
+    /// answered itself): only then can bytes still be unsent (see [`all_sent`]).
+    pub wrote: bool,
 }
 
 /// Hand the offered connection to its node. [`Offered::Moved`]: the node has the connection;
@@ -208,6 +211,7 @@ async fn try_hand_off(shared: &Arc<Shared>, offer: Offer<'_>) -> Result<(), Fall
         local,
         worker,
         preread,
+        wrote,
     } = offer;
     let started = Instant::now();
     let h = &shared.handoffs;
@@ -235,7 +239,9 @@ async fn try_hand_off(shared: &Arc<Shared>, offer: Offer<'_>) -> Result<(), Fall
         }
         let flow = Flow::new(peer, local).map_err(|_| Fallback::NotSteerable)?;
         let target = ctl.target().ok_or(Fallback::NotSteerable)?;
-        all_sent(stream)?;
+        if wrote {
+            all_sent(stream)?;
+        }
         // The entry first: from the dump on, the client's packets must reach the node.
         if !h.steer(&flow, &target, id) {
             return Err(Fallback::NoSteering);

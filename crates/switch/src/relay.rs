@@ -396,6 +396,8 @@ impl Client {
                         local,
                         worker: self.worker,
                         preread: pre,
+                        // Every write of the switch's goes through `answering` first.
+                        wrote: self.no_delay,
                     };
                     match handoff::hand_off(&self.shared, offer).await {
                         handoff::Offered::Moved => return Some(End::HandedOff),

@@ -9,9 +9,9 @@
 //! the pinned program with `tc filter add … bpf direct-action pinned …`.
 //! [`EbpfSteering::open`] attaches to a table another process set up.
 //!
-//! Map updates go through a hand-written wrapper of the four `bpf(2)`
+//! Map updates go through a hand-written wrapper of the five `bpf(2)`
 //! commands needed (`BPF_OBJ_GET`, `BPF_MAP_UPDATE_ELEM`,
-//! `BPF_MAP_DELETE_ELEM`, `BPF_MAP_LOOKUP_ELEM`): about a hundred lines
+//! `BPF_MAP_DELETE_ELEM`, `BPF_MAP_DELETE_BATCH`, `BPF_MAP_LOOKUP_ELEM`): about a hundred lines
 //! against a stable kernel ABI, no loader, no new dependency tree and no
 //! allocation per call, whereas `aya` would bring its own ELF loader and
 //! tokio integration that tc and bpftool already cover here.
@@ -47,6 +47,7 @@ const BPF_MAP_LOOKUP_ELEM: libc::c_int = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_int = 2;
 const BPF_MAP_DELETE_ELEM: libc::c_int = 3;
 const BPF_OBJ_GET: libc::c_int = 7;
+const BPF_MAP_DELETE_BATCH: libc::c_int = 27;
 const BPF_ANY: u64 = 0;
 const BPF_NOEXIST: u64 = 1;
 
@@ -103,6 +104,19 @@ struct AttrElem {
     _pad: u32,
     key: u64,
     value: u64,
+    flags: u64,
+}
+
+/// The `batch` member of `union bpf_attr` (`BPF_MAP_*_BATCH`, Linux 5.6).
+#[repr(C)]
+struct AttrBatch {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
     flags: u64,
 }
 
@@ -186,6 +200,46 @@ impl PinnedMap {
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
             Err(e) => Err(e),
         }
+    }
+
+    /// Deletes `keys` with `BPF_MAP_DELETE_BATCH`, one call for all of them where the keys
+    /// are present; returns how many were. The kernel stops a batch at the first key that is
+    /// absent (`ENOENT`, counting those before it), so the rest goes in a further call. A
+    /// kernel without batch operations answers `EINVAL` (or `ENOTSUPP`) before deleting
+    /// anything: the keys are then deleted one by one.
+    pub fn delete_batch<K>(&self, keys: &[K]) -> io::Result<usize> {
+        let mut deleted = 0;
+        let mut rest = keys;
+        while !rest.is_empty() {
+            let mut attr = AttrBatch {
+                in_batch: 0,
+                out_batch: 0,
+                keys: rest.as_ptr() as u64,
+                values: 0,
+                count: rest.len() as u32,
+                map_fd: self.fd.as_raw_fd() as u32,
+                elem_flags: 0,
+                flags: 0,
+            };
+            match bpf(BPF_MAP_DELETE_BATCH, &mut attr) {
+                Ok(_) => return Ok(deleted + rest.len()),
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                    // `count` keys went; the next one was absent.
+                    let done = (attr.count as usize).min(rest.len());
+                    deleted += done;
+                    rest = &rest[(done + 1).min(rest.len())..];
+                }
+                // ENOTSUPP (524) is the kernel's own code for a map without batch operations.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(524)) => {
+                    for k in rest {
+                        deleted += usize::from(self.delete(k)?);
+                    }
+                    return Ok(deleted);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(deleted)
     }
 
     /// `BPF_MAP_LOOKUP_ELEM`.
@@ -477,6 +531,21 @@ impl Steering for EbpfSteering {
         }
         debug!(?flow, removed = r, "steering entry removed");
         Ok(r)
+    }
+
+    fn remove_many(&self, flows: &[Flow]) -> Result<usize> {
+        let keys: Vec<Key> = flows.iter().map(Key::of).collect();
+        let n = self
+            .map
+            .delete_batch(&keys)
+            .map_err(|e| HandoffError::io("bpf(BPF_MAP_DELETE_BATCH)", e))?;
+        self.inserted.fetch_sub(n as i64, Ordering::Relaxed);
+        debug!(
+            entries = flows.len(),
+            removed = n,
+            "steering entries removed"
+        );
+        Ok(n)
     }
 
     fn live(&self) -> usize {

@@ -68,6 +68,15 @@ pub trait Steering: Send + Sync {
     fn insert(&self, flow: &Flow, to: &Target) -> Result<()>;
     /// Removes `flow`'s entry; false when there was none.
     fn remove(&self, flow: &Flow) -> Result<bool>;
+    /// Removes the entries of `flows`; returns how many there were. A backend that can
+    /// remove several entries in one call overrides this (one call per entry by default).
+    fn remove_many(&self, flows: &[Flow]) -> Result<usize> {
+        let mut n = 0;
+        for f in flows {
+            n += usize::from(self.remove(f)?);
+        }
+        Ok(n)
+    }
     /// Entries live now.
     fn live(&self) -> usize;
     /// Backend name (`ebpf` or `nftables`).
