@@ -112,7 +112,7 @@ run_wrk() { # port size mode pids...
     local rps p99 reqs cpu
     rps=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
     reqs=$(awk '/requests in/ {print $1}' <<<"$out")
-    cpu=$(awk -v d=$((t1 - t0)) -v n="$reqs" -v hz="$hz" 'BEGIN {printf "%.1f", n > 0 ? d / hz * 1e6 / n : 0}')
+    cpu=$(awk -v d=$((t1 - t0)) -v n="$reqs" -v hz="$hz" 'BEGIN {printf "%.1f", (n > 0 ? d / hz * 1e6 / n : 0)}')
     p99=$(awk '$1=="99%" {print $2}' <<<"$out" | to_us)
     local errs
     errs=$(awk '/Non-2xx|Socket errors/ {print}' <<<"$out" | tr '\n' ' ')
