@@ -822,19 +822,29 @@ impl Plain {
             let served =
                 conn::serve_parking(&plain.ctx, stream, plain.stop.clone(), start, PARK_AFTER)
                     .await;
-            if let conn::Served::Idle { stream, idle } = served {
-                let held = Held {
-                    ticket: idle.ticket,
-                    slot,
-                    live,
-                };
-                match plain.parking.park(stream, held, idle.until) {
-                    Ok(()) => return,
-                    // The node shuts down: close it (its place in the list first).
-                    Err((stream, held)) => {
-                        drop(held);
-                        drop(stream);
+            match served {
+                conn::Served::Idle { stream, idle } => {
+                    let held = Held {
+                        ticket: idle.ticket,
+                        slot,
+                        live,
+                    };
+                    match plain.parking.park(stream, held, idle.until) {
+                        Ok(()) => return,
+                        // The node shuts down: close it (its place in the list first).
+                        Err((stream, held)) => {
+                            drop(held);
+                            drop(stream);
+                        }
                     }
+                }
+                conn::Served::Closed(stats) => {
+                    tracing::trace!(
+                        requests = stats.requests,
+                        bytes = stats.bytes,
+                        resumed,
+                        "connection closed"
+                    );
                 }
             }
             closed(&plain.ctx, plain.reporter.as_deref());
