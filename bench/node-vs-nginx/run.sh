@@ -5,11 +5,14 @@
 # (workers = cores, sendfile on, access_log off, open_file_cache) and the
 # node on it, drives both with wrk (same threads, connections, duration),
 # keep-alive and "Connection: close", ROUNDS alternating rounds, and prints
-# medians as a markdown table. Then opens 10,000 idle keep-alive
-# connections to each server and reports the resident memory they cost.
+# medians as a markdown table, with each server's CPU time (utime + stime
+# of its processes, /proc/<pid>/stat) per request. Then opens 10,000 idle
+# keep-alive connections to each server and reports the resident memory
+# they cost. The load average is printed before and after.
 #
 # Usage: bench/node-vs-nginx/run.sh            (defaults below)
 #        DURATION=10 ROUNDS=5 CONNS=64 THREADS=2 bench/node-vs-nginx/run.sh
+#        SIZES= IDLE=10000 bench/node-vs-nginx/run.sh    (the idle test only)
 # Traffic goes to 127.0.0.1 only.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -19,7 +22,7 @@ ROUNDS=${ROUNDS:-3}
 CONNS=${CONNS:-64}
 THREADS=${THREADS:-2}
 IDLE=${IDLE:-10000}
-SIZES=${SIZES:-"1k 16k 100k 1m"}
+SIZES=${SIZES-"1k 16k 100k 1m"}
 NGINX_PORT=18080
 NODE_PORT=18081
 ulimit -n "$(ulimit -Hn)"  # the idle test needs IDLE + a few descriptors per process
@@ -91,36 +94,52 @@ for port in $NGINX_PORT $NODE_PORT; do
     for _ in $(seq 50); do curl -sf -o /dev/null "http://127.0.0.1:$port/1k" && break; sleep 0.1; done
 done
 
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+nginx_all() { echo "$nginx_pid $(pgrep -P "$nginx_pid" | tr '\n' ' ')"; }
+# CPU ticks (utime + stime) of the given processes.
+ticks() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo $t; }
+hz=$(getconf CLK_TCK)
 # wrk prints "Requests/sec: N" and, with --latency, "99% Xunit".
 to_us() { awk '{v=$1; if (v ~ /us$/) {sub(/us/,"",v); print v} else if (v ~ /ms$/) {sub(/ms/,"",v); print v*1000} else if (v ~ /s$/) {sub(/s/,"",v); print v*1000000} else print v}'; }
-run_wrk() { # port size mode
+run_wrk() { # port size mode pids...
+    local port=$1 size=$2 mode=$3; shift 3
     local extra=()
-    [ "$3" = close ] && extra=(-H "Connection: close")
-    local out
-    out=$(wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --latency "${extra[@]}" "http://127.0.0.1:$1/$2")
-    local rps p99
+    [ "$mode" = close ] && extra=(-H "Connection: close")
+    local out t0 t1
+    t0=$(ticks "$@")
+    out=$(wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --latency "${extra[@]}" "http://127.0.0.1:$port/$size")
+    t1=$(ticks "$@")
+    local rps p99 reqs cpu
     rps=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
+    reqs=$(awk '/requests in/ {print $1}' <<<"$out")
+    cpu=$(awk -v d=$((t1 - t0)) -v n="$reqs" -v hz="$hz" 'BEGIN {printf "%.1f", (n > 0 ? d / hz * 1e6 / n : 0)}')
     p99=$(awk '$1=="99%" {print $2}' <<<"$out" | to_us)
     local errs
     errs=$(awk '/Non-2xx|Socket errors/ {print}' <<<"$out" | tr '\n' ' ')
-    [ -n "$errs" ] && echo "  note: port $1 $2 $3: $errs" >&2
-    echo "$rps $p99"
+    [ -n "$errs" ] && echo "  note: port $port $size $mode: $errs" >&2
+    echo "$rps $p99 $cpu"
 }
 median() { sort -n | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 
-echo "| file | mode | nginx req/s | node req/s | node/nginx | nginx p99 µs | node p99 µs |"
-echo "|---|---|---:|---:|---:|---:|---:|"
+[ -n "$SIZES" ] && {
+echo "| file | mode | nginx req/s | node req/s | node/nginx | nginx p99 µs | node p99 µs | nginx CPU µs/req | node CPU µs/req |"
+echo "|---|---|---:|---:|---:|---:|---:|---:|---:|"
+}
 for size in $SIZES; do
     for mode in keepalive close; do
-        : > "$work/n.rps"; : > "$work/s.rps"; : > "$work/n.p99"; : > "$work/s.p99"
+        for f in n.rps s.rps n.p99 s.p99 n.cpu s.cpu; do : > "$work/$f"; done
         for r in $(seq "$ROUNDS"); do
-            read -r a b < <(run_wrk $NGINX_PORT "$size" $mode); echo "$a" >> "$work/n.rps"; echo "$b" >> "$work/n.p99"
-            read -r a b < <(run_wrk $NODE_PORT "$size" $mode); echo "$a" >> "$work/s.rps"; echo "$b" >> "$work/s.p99"
+            # shellcheck disable=SC2046
+            read -r a b c < <(run_wrk $NGINX_PORT "$size" $mode $(nginx_all))
+            echo "$a" >> "$work/n.rps"; echo "$b" >> "$work/n.p99"; echo "$c" >> "$work/n.cpu"
+            read -r a b c < <(run_wrk $NODE_PORT "$size" $mode "$node_pid")
+            echo "$a" >> "$work/s.rps"; echo "$b" >> "$work/s.p99"; echo "$c" >> "$work/s.cpu"
         done
         n=$(median < "$work/n.rps"); s=$(median < "$work/s.rps")
         np=$(median < "$work/n.p99"); sp=$(median < "$work/s.p99")
+        nc=$(median < "$work/n.cpu"); sc=$(median < "$work/s.cpu")
         ratio=$(awk -v a="$s" -v b="$n" 'BEGIN {printf "%.2f", a/b}')
-        printf "| %s | %s | %.0f | %.0f | %s | %.0f | %.0f |\n" "$size" "$mode" "$n" "$s" "$ratio" "$np" "$sp"
+        printf "| %s | %s | %.0f | %.0f | %s | %.0f | %.0f | %.1f | %.1f |\n" "$size" "$mode" "$n" "$s" "$ratio" "$np" "$sp" "$nc" "$sc"
     done
 done
 
@@ -174,3 +193,4 @@ echo "| $IDLE idle keep-alive connections | answered | RSS before (MB) | RSS wit
 echo "|---|---:|---:|---:|---:|"
 awk -v ok="$nok" -v b="$nb" -v a="$na" 'BEGIN {printf "| nginx (master + workers) | %d | %.1f | %.1f | %.1f |\n", ok, b/1024, a/1024, (a-b)/1024}'
 awk -v ok="$sok" -v b="$sb" -v a="$sa" 'BEGIN {printf "| switchyard node | %d | %.1f | %.1f | %.1f |\n", ok, b/1024, a/1024, (a-b)/1024}'
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -83,10 +83,11 @@ use switchyard_admin::Admin;
 use switchyard_handoff::link::ControlAddr;
 use switchyard_http::request::Limits;
 use switchyard_runtime::accept::{accept_loop, Incoming, WhenFull};
+use switchyard_runtime::park::{Parking, Unparked};
 use switchyard_runtime::shed::WaitingClients;
 use switchyard_runtime::{listen::listen_reuseport, Live, Workers};
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 pub use config::{ClusterConfig, DiskConfig, DynamicConfig, Member, NodeConfig};
@@ -110,6 +111,7 @@ pub struct RunningNode {
     cluster: Option<Arc<coop::Membership>>,
     rescue: Option<Arc<rescue::RescueProxy>>,
     driver: Option<Arc<switchyard_rescue_driver::Driver>>,
+    parkings: Arc<std::sync::Mutex<Vec<Parking<Held>>>>,
 }
 
 impl RunningNode {
@@ -143,6 +145,11 @@ impl RunningNode {
     /// one was configured.
     pub fn handoff_unix(&self) -> Option<&Path> {
         self.handoff.unix_path.as_deref()
+    }
+
+    /// Idle keep-alive connections parked without a task of their own, on every worker.
+    pub fn parked_connections(&self) -> usize {
+        lock(&self.parkings).iter().map(Parking::len).sum()
     }
 
     /// The node's counters.
@@ -497,6 +504,7 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
         r
     });
 
+    let parkings = Arc::new(std::sync::Mutex::new(Vec::new()));
     // The connection cap is shared by all workers.
     let slots = Arc::new(Semaphore::new(max_connections));
     let worker = Arc::new(Worker {
@@ -505,6 +513,7 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
         stop: stop_rx.clone(),
         reporter: reporter.clone(),
         cluster: cluster.clone(),
+        parkings: parkings.clone(),
     });
     let registry = handoff::WorkerRegistry::default();
     let reg = registry.clone();
@@ -579,6 +588,7 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
         cluster,
         rescue,
         driver,
+        parkings,
     })
 }
 
@@ -700,13 +710,25 @@ struct Worker {
     reporter: Option<Arc<report::Reporter>>,
     /// Cooperative mode: requests owned by peers are cloned to them.
     cluster: Option<Arc<coop::Membership>>,
+    /// Every worker's table of parked connections.
+    parkings: Arc<std::sync::Mutex<Vec<Parking<Held>>>>,
 }
 
 impl Worker {
     /// While every slot is taken, the client just accepted waits for one and
-    /// new clients wait in the kernel's accept queue.
+    /// new clients wait in the kernel's accept queue. Plain connections (not cooperative)
+    /// that stay idle are parked in this worker's table ([`switchyard_runtime::park`]),
+    /// served by the worker's parking task.
     async fn accept_loop(&self, listener: &TcpListener, live: &Live) {
         use std::sync::atomic::Ordering::Relaxed;
+        let plain = Arc::new(Plain {
+            ctx: self.ctx.clone(),
+            stop: self.stop.clone(),
+            reporter: self.reporter.clone(),
+            parking: Parking::new(),
+        });
+        lock(&self.parkings).push(plain.parking.clone());
+        tokio::spawn(plain.clone().run_parking());
         accept_loop(
             listener,
             &self.slots,
@@ -730,29 +752,161 @@ impl Worker {
                 if let Some(r) = &self.reporter {
                     r.event();
                 }
+                let Some(cluster) = self.cluster.as_ref().map(|m| m.current()) else {
+                    let held = Held {
+                        ticket: None,
+                        slot: permit,
+                        live: live.clone(),
+                    };
+                    plain.spawn(stream, held, false);
+                    return;
+                };
                 let stop = self.stop.clone();
                 let reporter = self.reporter.clone();
                 let live = live.clone();
-                let cluster = self.cluster.as_ref().map(|m| m.current());
                 tokio::spawn(async move {
-                    match cluster {
-                        // Boxed: the cooperative loop's state (a clone in flight) is
-                        // larger than the plain loop's, and every connection's task would
-                        // otherwise hold room for it, idle or not.
-                        Some(c) => Box::pin(c.serve(ctx.clone(), stream, stop)).await,
-                        None => {
-                            conn::serve(ctx.clone(), stream, stop, bytes::BytesMut::new()).await;
-                        }
-                    }
-                    ctx.metrics.connections_active.fetch_sub(1, Relaxed);
-                    if let Some(r) = &reporter {
-                        r.event();
-                    }
+                    // Boxed: the cooperative loop's state (a clone in flight) is
+                    // larger than the plain loop's, and every connection's task would
+                    // otherwise hold room for it, idle or not.
+                    Box::pin(cluster.serve(ctx.clone(), stream, stop)).await;
+                    closed(&ctx, reporter.as_deref());
                     drop(permit);
                     drop(live);
                 });
             },
         )
         .await;
+    }
+}
+
+/// How long a plain keep-alive connection waits for its next request in its own task before
+/// it is parked without one. Short, so that idle connections hold no task for long (a burst
+/// of new clients going idle does not pile up tasks), and long enough that a client sending
+/// request after request keeps its task (parking costs no system call, but a resumed
+/// connection costs a new task).
+const PARK_AFTER: Duration = Duration::from_millis(20);
+
+/// What a plain connection holds while it is open, parked or not. The ticket comes first: it
+/// must leave the waiting list before the socket closes.
+struct Held {
+    /// Its place in the waiting list while parked.
+    ticket: Option<switchyard_runtime::shed::Waiting>,
+    /// Its connection slot.
+    slot: OwnedSemaphorePermit,
+    /// Keeps its worker draining on shutdown while it is open.
+    live: Live,
+}
+
+/// One worker's plain connections: served in tasks while busy, parked while idle.
+struct Plain {
+    ctx: Arc<Ctx>,
+    stop: watch::Receiver<bool>,
+    reporter: Option<Arc<report::Reporter>>,
+    parking: Parking<Held>,
+}
+
+impl Plain {
+    /// Serve the connection on `stream` in a task of its own until it closes or goes idle;
+    /// an idle one is parked. `resumed`: it was parked and its client sent again.
+    fn spawn(self: &Arc<Self>, stream: tokio::net::TcpStream, held: Held, resumed: bool) {
+        let plain = self.clone();
+        tokio::spawn(async move {
+            let Held { ticket, slot, live } = held;
+            let start = if resumed {
+                conn::Start::Resumed { ticket }
+            } else {
+                conn::Start::New {
+                    preread: bytes::BytesMut::new(),
+                }
+            };
+            let served =
+                conn::serve_parking(&plain.ctx, stream, plain.stop.clone(), start, PARK_AFTER)
+                    .await;
+            match served {
+                conn::Served::Idle { stream, idle } => {
+                    let held = Held {
+                        ticket: idle.ticket,
+                        slot,
+                        live,
+                    };
+                    match plain.parking.park(stream, held, idle.until) {
+                        Ok(()) => return,
+                        // The node shuts down: close it (its place in the list first).
+                        Err((stream, held)) => {
+                            drop(held);
+                            drop(stream);
+                        }
+                    }
+                }
+                conn::Served::Closed(stats) => {
+                    tracing::trace!(
+                        requests = stats.requests,
+                        bytes = stats.bytes,
+                        resumed,
+                        "connection closed"
+                    );
+                }
+            }
+            closed(&plain.ctx, plain.reporter.as_deref());
+        });
+    }
+
+    /// The worker's parking task: resume connections whose clients send, close those whose
+    /// idle timeout passes, and all of them on shutdown.
+    async fn run_parking(self: Arc<Self>) {
+        let parking = self.parking.clone();
+        parking
+            .run(self.stop.clone(), |u| match u {
+                Unparked::Ready(stream, held) => {
+                    self.spawn(stream, held, true);
+                }
+                Unparked::Expired(stream, held) => {
+                    self.ctx
+                        .metrics
+                        .timeouts
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    drop(held);
+                    drop(stream);
+                    closed(&self.ctx, self.reporter.as_deref());
+                }
+                Unparked::Shutdown(stream, held) => {
+                    drop(held);
+                    drop(stream);
+                    closed(&self.ctx, self.reporter.as_deref());
+                }
+            })
+            .await;
+    }
+}
+
+/// A connection closed: counted, and the switch told of the change in load.
+fn closed(ctx: &Ctx, reporter: Option<&report::Reporter>) {
+    ctx.metrics
+        .connections_active
+        .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    if let Some(r) = reporter {
+        r.event();
+    }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    /// What a parked connection holds beside its socket's registration and its waker: its
+    /// table entry (its state, its socket handle, its deadline). Under 128 bytes, against
+    /// about 1 KiB for a connection's task.
+    #[test]
+    fn parked_connection_state_is_small() {
+        let entry = std::mem::size_of::<super::Held>()
+            + std::mem::size_of::<tokio::net::TcpStream>()
+            + std::mem::size_of::<tokio::time::Instant>();
+        eprintln!("parked connection entry: {entry} bytes");
+        assert!(
+            entry <= 128,
+            "a parked connection's entry grew to {entry} bytes"
+        );
     }
 }

@@ -4,7 +4,9 @@
 //! `SO_REUSEPORT` listener ([`mod@listen`]), each a single-threaded tokio runtime
 //! whose [`accept::accept_loop`] bounds open connections with slots and backs
 //! off when accepting fails for lack of resources. An idle keep-alive
-//! connection waits without buffers in [`idle::wait_for_bytes`]; request
+//! connection waits without buffers in [`idle::wait_for_bytes`], and one that stays idle
+//! gives up its task and is parked in its worker's table ([`park`]) until its client sends
+//! again; request
 //! heads and bodies are read by [`request::next_head`] and
 //! [`request::read_body`] (or passed on as they arrive by
 //! [`request::stream_body`]); a connection that ends after an error closes with
@@ -28,6 +30,7 @@ pub mod close;
 pub mod idle;
 pub mod listen;
 pub mod nofile;
+pub mod park;
 pub mod report;
 pub mod request;
 pub mod shed;

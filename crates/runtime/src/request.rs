@@ -92,6 +92,26 @@ pub struct HeadWait<'a> {
     pub read_early: bool,
 }
 
+/// What [`next_head_or_park`] came to.
+#[derive(Debug)]
+pub enum Next {
+    /// A complete request head, left at the start of the buffer.
+    Head(RequestHead),
+    /// The connection waited idle for the parking delay: it holds no buffer and can be
+    /// parked ([`crate::park`]) until its client sends again.
+    Park(Idle),
+}
+
+/// A keep-alive connection gone idle, to be parked.
+#[derive(Debug)]
+pub struct Idle {
+    /// When its idle timeout ends.
+    pub until: Instant,
+    /// Its place in the connection's waiting list, kept while it is parked (so that it is
+    /// still shed in the order in which connections began to wait).
+    pub ticket: Option<Waiting>,
+}
+
 /// Why no request head was read.
 #[derive(Debug)]
 pub enum HeadEnd {
@@ -135,6 +155,22 @@ pub enum BodyError {
 /// header or idle timeout. Once a head has begun, it must complete within
 /// the header timeout.
 pub async fn next_head<C: ClientConn>(c: &mut C, w: HeadWait<'_>) -> Result<RequestHead, HeadEnd> {
+    match next_head_or_park(c, w, None).await? {
+        Next::Head(h) => Ok(h),
+        // Without a parking delay a wait ends only at its idle timeout.
+        Next::Park(_) => Err(HeadEnd::IdleTimeout),
+    }
+}
+
+/// Like [`next_head`], but a keep-alive connection (not its first request) that has waited
+/// `park_after` with nothing from its client ends its wait as [`Next::Park`], with its buffers
+/// released, so that it can wait without a task of its own ([`crate::park`]); with `None`, or
+/// when the idle timeout comes first, it waits in place as [`next_head`] does.
+pub async fn next_head_or_park<C: ClientConn>(
+    c: &mut C,
+    w: HeadWait<'_>,
+    park_after: Option<Duration>,
+) -> Result<Next, HeadEnd> {
     let mut deadline: Option<Instant> = None;
     let mut tried_early = false;
     // Listed as waiting on the client from the first wait (or from the last write of the
@@ -146,7 +182,7 @@ pub async fn next_head<C: ClientConn>(c: &mut C, w: HeadWait<'_>) -> Result<Requ
             let p = c.parts();
             if !p.buf.is_empty() {
                 match request::parse(p.buf, w.limits) {
-                    Ok(ParseOutcome::Complete(h)) => return Ok(h),
+                    Ok(ParseOutcome::Complete(h)) => return Ok(Next::Head(h)),
                     Ok(ParseOutcome::Partial) => {}
                     Err(e) => return Err(HeadEnd::Bad(e)),
                 }
@@ -179,7 +215,14 @@ pub async fn next_head<C: ClientConn>(c: &mut C, w: HeadWait<'_>) -> Result<Requ
             }
             c.idle();
             let wait = if w.first { w.header } else { w.idle };
-            let until = Instant::now() + wait;
+            let now = Instant::now();
+            let until = now + wait;
+            // A keep-alive connection waits here only for the parking delay, unless its idle
+            // timeout ends first.
+            let park_at = park_after
+                .filter(|_| !w.first)
+                .map(|d| now + d)
+                .filter(|&at| at < until);
             // Only the wait's own future is kept while idle.
             let waited = {
                 let ClientParts {
@@ -188,11 +231,14 @@ pub async fn next_head<C: ClientConn>(c: &mut C, w: HeadWait<'_>) -> Result<Requ
                     shutdown,
                 } = c.parts();
                 *buf = BytesMut::new();
-                wait_for_bytes(stream, buf, until, shutdown)
+                wait_for_bytes(stream, buf, park_at.unwrap_or(until), shutdown)
             };
             match waited.await {
                 Wait::Data => {}
                 Wait::Closed | Wait::Shutdown => return Err(HeadEnd::Closed),
+                Wait::TimedOut if park_at.is_some() => {
+                    return Ok(Next::Park(Idle { until, ticket }));
+                }
                 Wait::TimedOut => return Err(HeadEnd::IdleTimeout),
                 Wait::Failed => return Err(HeadEnd::Broken),
             }

@@ -7,8 +7,8 @@ use std::time::Duration;
 use bytes::{Buf, BytesMut};
 use switchyard_http::request::{Limits, RequestHead};
 use switchyard_runtime::request::{
-    next_head, read_body, stream_body, BodyError, BodySink, ClientConn, ClientParts, HeadEnd,
-    HeadWait, StreamError, CONTINUE,
+    next_head, next_head_or_park, read_body, stream_body, BodyError, BodySink, ClientConn,
+    ClientParts, HeadEnd, HeadWait, Next, StreamError, CONTINUE,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -495,4 +495,54 @@ async fn an_answered_connection_waits_from_its_answer() {
     assert_eq!(list.len(), 1);
     assert_eq!(head(&mut a, false).await.unwrap().target, "/c");
     assert!(list.is_empty());
+}
+
+/// With a parking delay, a keep-alive connection that hears nothing for that long ends its
+/// wait to be parked: its buffers released, its place in the list (from its answer) and its
+/// idle deadline (counted from the start of the wait) handed over. Bytes before the delay are
+/// read in place; a first request, or an idle timeout shorter than the delay, never parks.
+#[tokio::test(start_paused = true)]
+async fn a_keep_alive_connection_idle_for_the_delay_is_handed_over_to_be_parked() {
+    const PARK: Duration = Duration::from_millis(20);
+    let list = WaitingClients::new();
+    let (mut client, mut s, _stop) = pair(b"").await;
+    s.list = Some(list.clone());
+    let limits = Limits::default();
+    s.answer(b"first").await;
+    let t = tokio::time::Instant::now();
+    let got = next_head_or_park(&mut s, wait(&limits, false), Some(PARK)).await;
+    let Ok(Next::Park(idle)) = got else {
+        panic!("not handed over: {got:?}");
+    };
+    assert_about(t.elapsed(), PARK);
+    assert_eq!(idle.until, t + IDLE);
+    assert!(idle.ticket.is_some());
+    assert_eq!(list.len(), 1);
+    assert_eq!(s.buf.capacity(), 0);
+    assert_eq!(s.idles, 1);
+    drop(idle);
+    assert!(list.is_empty());
+    // Resumed when the client sends: the head is read in place.
+    client
+        .write_all(b"GET /a HTTP/1.1\r\nHost: h\r\n\r\n")
+        .await
+        .unwrap();
+    let got = next_head_or_park(&mut s, wait(&limits, false), Some(PARK)).await;
+    assert!(
+        matches!(got, Ok(Next::Head(ref h)) if h.target == "/a"),
+        "{got:?}"
+    );
+    s.buf.clear();
+    // The first request waits for the header timeout in place.
+    let t = tokio::time::Instant::now();
+    let got = next_head_or_park(&mut s, wait(&limits, true), Some(PARK)).await;
+    assert!(matches!(got, Err(HeadEnd::IdleTimeout)), "{got:?}");
+    assert_about(t.elapsed(), HEADER);
+    // An idle timeout shorter than the delay ends the wait as a timeout.
+    let short = HeadWait {
+        idle: PARK / 2,
+        ..wait(&limits, false)
+    };
+    let got = next_head_or_park(&mut s, short, Some(PARK)).await;
+    assert!(matches!(got, Err(HeadEnd::IdleTimeout)), "{got:?}");
 }
