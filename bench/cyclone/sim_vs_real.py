@@ -219,7 +219,8 @@ def sim_run(trace, systems, nodes, cache_bytes, replica_bytes, disk_us, clients,
             "--cache-policy", "lru", "--hot-threshold", str(HOT), "--aging-ms", str(AGING_MS),
             "--replica-fresh-ms", str(FRESH_MS), "--private-disks",
             "--disk-seek-us", str(disk_us), "--disk-per-4k-us", "0", "--disk-extent-seek-us", "0",
-            "--link-mbps", "100000", "--warmup-passes", "1", "--threads", "1", "--json"]
+            "--link-mbps", "100000", "--warmup-passes", "1", "--separate-passes",
+            "--threads", "1", "--json"]
     for k, v in costs.items():
         args += [f"--{k.replace('_', '-')}", f"{v:.3f}"]
     return {r["system"]: r["pass"] for r in json.loads(run(args))["runs"]}

@@ -282,7 +282,8 @@ fn the_simulator_predicts_a_real_cooperative_clusters_hit_rates() {
                 "--disk-per-4k-us",
                 "0",
             ])
-            .args(["--disk-extent-seek-us", "0", "--threads", "1", "--json"]),
+            .args(["--disk-extent-seek-us", "0", "--separate-passes"])
+            .args(["--threads", "1", "--json"]),
     );
     let mut failures = Vec::new();
     for (i, (system, replicate)) in [("SC", false), ("Cyclone", true)].into_iter().enumerate() {

@@ -289,6 +289,11 @@ pub struct CoopConfig {
     pub clients: u32,
     /// Unmeasured replays of the workload before the measured one.
     pub warmup_passes: u32,
+    /// Whether each replay of the workload starts only once every request of the one before
+    /// has been answered, as when a client replays a trace again after its first run ended
+    /// (`bench/cyclone/sim-vs-real.sh`); otherwise the clients go on from one replay to the
+    /// next without a pause, and the measured one starts with the queues the last one left.
+    pub separate_passes: bool,
 }
 
 /// The node's default `cache_max_object_bytes`.
@@ -357,6 +362,7 @@ impl CoopConfig {
             replica_fresh: Duration::from_secs(1),
             clients: 38,
             warmup_passes: 1,
+            separate_passes: false,
         }
     }
 
@@ -873,6 +879,10 @@ struct Coop<'a, F> {
     total_seqs: usize,
     measure_from_seq: usize,
     measure_start: Option<Nanos>,
+    /// Client slots waiting for the replay before theirs to end ([`CoopConfig::separate_passes`]).
+    parked: Vec<u32>,
+    /// Client connections under way.
+    in_flight: usize,
     /// When the last connection started: every client is busy until then.
     measure_end: Option<Nanos>,
     reassign_mark: u64,
@@ -954,6 +964,8 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
             total_seqs: conns * passes,
             measure_from_seq: conns * (passes - 1),
             measure_start: None,
+            parked: Vec::new(),
+            in_flight: 0,
             measure_end: None,
             reassign_mark: 0,
             t: Totals::default(),
@@ -1095,7 +1107,29 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
             self.slots[s as usize].seq = usize::MAX;
             return;
         }
+        if self.cfg.separate_passes && seq > 0 && seq % self.w.connections() == 0 {
+            // A new replay: it starts when every client has finished the one before.
+            self.parked.push(s);
+            if self.in_flight > 0 {
+                return;
+            }
+            // The first of them takes the pass's first connection; the others follow.
+            let parked = std::mem::take(&mut self.parked);
+            let (first, rest) = parked.split_first().expect("at least this slot");
+            self.start_pass_connection(*first);
+            for &p in rest {
+                self.start_connection(p);
+            }
+            return;
+        }
+        self.start_pass_connection(s);
+    }
+
+    /// Starts connection `next_seq` on slot `s`.
+    fn start_pass_connection(&mut self, s: u32) {
+        let seq = self.next_seq;
         self.next_seq += 1;
+        self.in_flight += 1;
         let c = seq % self.w.connections();
         // Round robin within each replay of the trace: connection `c` of a pass reaches node
         // `c mod N`, as a client replaying the trace through a director's round robin (or
@@ -1538,6 +1572,7 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
             return;
         }
         if std::mem::take(&mut slot.closing) {
+            self.in_flight -= 1;
             self.start_connection(s);
         } else {
             self.next_request(s);
@@ -2006,6 +2041,39 @@ mod tests {
         .unwrap();
         assert!(moved > 0);
         assert_eq!(sc.pass.clones_per_request, f64::from(moved) / 400.0);
+    }
+
+    #[test]
+    fn separate_passes_start_the_measured_one_on_idle_nodes() {
+        // 40 clients, one node whose disk is slow: the warm-up pass's misses queue there.
+        let w = tiny();
+        let mut cfg = CoopConfig::new(1, System::Rr);
+        cfg.shared_disk = false;
+        cfg.cache_bytes = 30_000; // three of the eight objects: most requests miss
+        let mut starts = Vec::new();
+        for separate in [false, true] {
+            cfg.separate_passes = separate;
+            let mut last_warm = 0;
+            let mut first_measured = Nanos::MAX;
+            let r = simulate_coop_observed(&cfg, &w, |c| {
+                if c.pass == 0 {
+                    last_warm = last_warm.max(c.time);
+                } else {
+                    first_measured = first_measured.min(c.time);
+                }
+            })
+            .unwrap();
+            assert_eq!(r.pass.requests, 400);
+            // With the pause nothing of the measured pass is answered before the warm-up's last
+            // response; without it the two overlap.
+            assert_eq!(first_measured > last_warm, separate);
+            starts.push(r.pass.secs);
+        }
+        // Without the pause the measured pass starts behind the warm-up's queue of misses.
+        assert!(starts[1] < starts[0], "{starts:?}");
+        // Every pass boundary holds when there are fewer connections than clients.
+        cfg.clients = 1000;
+        assert_eq!(simulate_coop(&cfg, &w).unwrap().pass.requests, 400);
     }
 
     #[test]

@@ -123,6 +123,11 @@ pub struct CycloneArgs {
     /// Unmeasured replays of the trace before the measured one.
     #[arg(long, default_value_t = 1)]
     pub warmup_passes: u32,
+    /// Start each replay of the trace only once the one before has been answered in full,
+    /// as a client that replays the trace again after its first run ended (by default the
+    /// clients go on without a pause).
+    #[arg(long)]
+    pub separate_passes: bool,
     /// Worker threads (0: one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -200,6 +205,7 @@ fn config(a: &CycloneArgs, scale: f64) -> Result<CoopConfig, SimError> {
     }
     c.shared_disk = !a.private_disks;
     c.warmup_passes = a.warmup_passes;
+    c.separate_passes = a.separate_passes;
     c.validate()?;
     Ok(c)
 }
