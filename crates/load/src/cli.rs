@@ -133,6 +133,17 @@ pub struct LoadArgs {
     #[arg(long, value_name = "IP")]
     pub local_addr: Option<std::net::IpAddr>,
 
+    /// With --trace: connect round robin to these addresses (comma separated) instead of the
+    /// URL's, as a layer-4 director spreads connections over nodes: the connection opened for
+    /// request i of the trace goes to address i mod n. With HTTP/1.0 every request opens one.
+    #[arg(
+        long,
+        value_name = "ADDR,...",
+        value_delimiter = ',',
+        requires = "trace"
+    )]
+    pub spread: Vec<std::net::SocketAddr>,
+
     /// Print the summary as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -214,6 +225,7 @@ pub fn config_from_args(args: &LoadArgs) -> Result<LoadConfig, LoadError> {
         .map(|r| parse_resolve(r))
         .collect::<Result<_, _>>()?;
     cfg.local_addr = args.local_addr;
+    cfg.spread = args.spread.clone();
     cfg.loop_trace = args.loop_trace;
     cfg.request_log = args.request_log.clone();
     cfg.progress = !args.quiet;

@@ -174,6 +174,11 @@ pub struct LoadConfig {
     pub resolve: Vec<(String, SocketAddr)>,
     /// Local address connections are made from (the kernel's choice when `None`).
     pub local_addr: Option<IpAddr>,
+    /// Trace replay: connect round robin to these addresses instead of the target's (as a
+    /// layer-4 director's round robin spreads connections over nodes): a connection opened for
+    /// request `i` of the trace (or for a session whose first request is `i`) goes to address
+    /// `i mod n`. Empty: every connection goes to the target.
+    pub spread: Vec<SocketAddr>,
 }
 
 impl LoadConfig {
@@ -204,6 +209,7 @@ impl LoadConfig {
             seed: 1,
             resolve: Vec::new(),
             local_addr: None,
+            spread: Vec::new(),
         }
     }
 }

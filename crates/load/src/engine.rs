@@ -560,10 +560,14 @@ impl Worker {
                 }
             }
         };
+        let addr = match (items.first(), shared.cfg.spread.len()) {
+            (Some(first), n) if n > 0 => shared.cfg.spread[first.tag % n],
+            _ => shared.addr,
+        };
         let flow = self
             .exchange(
                 slot,
-                shared.addr,
+                addr,
                 &shared.rendered.bytes,
                 items,
                 t0,

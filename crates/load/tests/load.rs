@@ -304,6 +304,48 @@ fn trace_replays_in_log_order() {
     assert_eq!(seen, want);
 }
 
+#[test]
+fn spread_sends_request_i_to_address_i_mod_n() {
+    // Three servers, HTTP/1.0 (a connection per request), four connections at once: request
+    // i of the trace reaches server i mod 3 whatever the order the connections run in.
+    let servers: Vec<_> = (0..3).map(|_| start(|_| Reply::Send(ok(b"x")))).collect();
+    let paths: Vec<String> = (0..30).map(|i| format!("/f{i}")).collect();
+    let mut c = config(&servers[0].url("/"));
+    c.connections = 4;
+    c.threads = 2;
+    c.version = HttpVersion::Http10;
+    c.keep_alive = false;
+    c.spread = servers.iter().map(|s| s.addr).collect();
+    c.workload = Workload::Trace(paths.iter().map(ReplayRequest::get).collect());
+    let s = run_load(&c).unwrap();
+    assert_eq!((s.requests, status(&s, "200")), (30, 30));
+    for (k, srv) in servers.iter().enumerate() {
+        let mut seen: Vec<String> = srv.seen().into_iter().map(|r| r.path).collect();
+        seen.sort();
+        let mut want: Vec<String> = (0..30)
+            .filter(|i| i % 3 == k)
+            .map(|i| format!("/f{i}"))
+            .collect();
+        want.sort();
+        assert_eq!(seen, want, "server {k}");
+        assert_eq!(srv.accepted(), 10, "server {k}");
+    }
+    // The flag needs a trace.
+    assert!(
+        Cmd::try_parse_from(["load", "http://127.0.0.1:1/", "--spread", "127.0.0.1:2"]).is_err()
+    );
+    let cmd = Cmd::try_parse_from([
+        "load",
+        "http://127.0.0.1:1/",
+        "--trace",
+        "t.log",
+        "--spread",
+        "127.0.0.1:2,127.0.0.1:3",
+    ])
+    .unwrap();
+    assert_eq!(cmd.load.spread.len(), 2);
+}
+
 #[derive(Parser)]
 struct Cmd {
     #[command(flatten)]

@@ -48,8 +48,8 @@
 //! efficiency is response bytes per second over it (seed 000 §5.2.2).
 //!
 //! Clients: a closed loop of [`CoopConfig::clients`] connections (38 in seed 000 §5.1) replaying
-//! the workload's connections in order; the `k`-th connection reaches node `k mod N` (LVS round
-//! robin). The requests of a connection go one at a time. The workload is replayed
+//! the workload's connections in order; the `k`-th connection of each replay reaches node
+//! `k mod N` (LVS round robin). The requests of a connection go one at a time. The workload is replayed
 //! [`CoopConfig::warmup_passes`] times before the pass that is measured, so that the caches are
 //! warm as they were after the paper's 3.9 million requests. The measurement window runs from
 //! the start of the measured pass's first connection to the start of its last one, so that the
@@ -275,6 +275,10 @@ pub struct CoopConfig {
     pub header_bytes: u64,
     /// Object cache of each node, bytes.
     pub cache_bytes: u64,
+    /// Largest object the object caches keep (the node's `cache_max_object_bytes`, 1 MiB by
+    /// default): a larger one is read from the disk for every request, as the node sends it
+    /// from the file.
+    pub cache_max_object_bytes: u64,
     /// Replacement policy of the object caches of RR, SC and Cyclone (CF-LRU uses LRU, CF-LFU and
     /// CF-REP LFU with aging).
     pub cache_policy: switchyard_cache::PolicyKind,
@@ -287,7 +291,15 @@ pub struct CoopConfig {
     pub clients: u32,
     /// Unmeasured replays of the workload before the measured one.
     pub warmup_passes: u32,
+    /// Whether each replay of the workload starts only once every request of the one before
+    /// has been answered, as when a client replays a trace again after its first run ended
+    /// (`bench/cyclone/sim-vs-real.sh`); otherwise the clients go on from one replay to the
+    /// next without a pause, and the measured one starts with the queues the last one left.
+    pub separate_passes: bool,
 }
+
+/// The node's default `cache_max_object_bytes`.
+pub const NODE_CACHE_MAX_OBJECT_BYTES: u64 = 1024 * 1024;
 
 /// Member names of the simulated cluster, as `switchyard demo --cooperative` names them.
 pub fn member_name(i: u32) -> String {
@@ -346,11 +358,13 @@ impl CoopConfig {
             link_model: LinkModel::Shared,
             header_bytes: 0,
             cache_bytes: 100_000_000,
+            cache_max_object_bytes: NODE_CACHE_MAX_OBJECT_BYTES,
             cache_policy: switchyard_cache::PolicyKind::Lru,
             replication: default_replication(12_000_000),
             replica_fresh: Duration::from_secs(1),
             clients: 38,
             warmup_passes: 1,
+            separate_passes: false,
         }
     }
 
@@ -534,8 +548,44 @@ pub struct CoopResult {
     pub mean_link_utilization: f64,
     /// Requests the owner map sent away from a target's home node (bounded loads).
     pub owner_map_reassignments: u64,
+    /// The measured pass as a whole, counted as a client replaying the trace once and the
+    /// nodes' counters see it.
+    pub pass: CoopPass,
     /// Per node.
     pub per_node: Vec<CoopNode>,
+}
+
+/// Figures of the measured pass as a whole: every request of it, wherever it finished, over
+/// the time from its first request to its last response. This is what a real cluster
+/// replaying the trace after a warm-up pass shows: the client's throughput over the pass and
+/// the nodes' counters read before and after it (`bench/cyclone/sim-vs-real.sh`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct CoopPass {
+    /// Requests.
+    pub requests: u64,
+    /// Seconds from its first request to its last response.
+    pub secs: f64,
+    /// Requests per second over those seconds.
+    pub throughput: f64,
+    /// Response body megabytes (10^6 bytes) per second.
+    pub mbytes_per_sec: f64,
+    /// Share of requests answered from an object cache (the entry node's or the owner's):
+    /// the nodes' cache hits over all requests.
+    pub memory_hit_rate: f64,
+    /// Share answered from the entry node's object cache.
+    pub local_hit_rate: f64,
+    /// Share answered from the owner's memory after a clone or fetch.
+    pub owner_hit_rate: f64,
+    /// Share answered from a replica.
+    pub replica_hit_rate: f64,
+    /// Share that needed a disk read (the nodes' cache misses over all requests).
+    pub disk_rate: f64,
+    /// Clones per request.
+    pub clones_per_request: f64,
+    /// Cache-forwarding fetches per request.
+    pub fetches_per_request: f64,
+    /// Copies of hot objects sent to peers for requests of the pass.
+    pub copies_shipped: u64,
 }
 
 /// Runs `workload` on the cooperative cluster `cfg`.
@@ -734,8 +784,14 @@ enum Step {
     /// The request's object enters a node's object cache.
     Insert(u32),
     /// `node` serves the object from its cache or disk for the client, as owner (counted by
-    /// replication) or not.
-    Serve { node: u32, owner: bool },
+    /// replication) or not; with `ship`, the owner of a cloned request for a hot target sends
+    /// the entry node a copy as it answers.
+    Serve {
+        node: u32,
+        owner: bool,
+        ship: bool,
+        check: bool,
+    },
     /// `owner` sends the object to `entry`, which keeps it (CF) or keeps it only if hot (CF-REP).
     Fetch { owner: u32 },
     /// The entry node sends the object it holds to the client.
@@ -818,6 +874,7 @@ struct Totals {
     owner_disk: u64,
     clones: u64,
     fetches: u64,
+    shipped: u64,
     first_byte_ns: u128,
     response_ns: u128,
     last_done: Nanos,
@@ -837,6 +894,10 @@ struct Coop<'a, F> {
     total_seqs: usize,
     measure_from_seq: usize,
     measure_start: Option<Nanos>,
+    /// Client slots waiting for the replay before theirs to end ([`CoopConfig::separate_passes`]).
+    parked: Vec<u32>,
+    /// Client connections under way.
+    in_flight: usize,
     /// When the last connection started: every client is busy until then.
     measure_end: Option<Nanos>,
     reassign_mark: u64,
@@ -887,11 +948,13 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
             } else {
                 (None, None)
             };
+            let mut cache = Cache::with_kind(cfg.cache_bytes, kind);
+            cache.set_max_object_bytes(Some(cfg.cache_max_object_bytes));
             nodes.push(Node {
                 cpu: Server::default(),
                 disk: Server::default(),
                 link: SharedLink::new(cfg.link_model),
-                cache: Cache::with_kind(cfg.cache_bytes, kind),
+                cache,
                 validated: HashMap::new(),
                 owners,
                 hot,
@@ -917,6 +980,8 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
             total_seqs: conns * passes,
             measure_from_seq: conns * (passes - 1),
             measure_start: None,
+            parked: Vec::new(),
+            in_flight: 0,
             measure_end: None,
             reassign_mark: 0,
             t: Totals::default(),
@@ -1058,9 +1123,34 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
             self.slots[s as usize].seq = usize::MAX;
             return;
         }
+        if self.cfg.separate_passes && seq > 0 && seq % self.w.connections() == 0 {
+            // A new replay: it starts when every client has finished the one before.
+            self.parked.push(s);
+            if self.in_flight > 0 {
+                return;
+            }
+            // The first of them takes the pass's first connection; the others follow.
+            let parked = std::mem::take(&mut self.parked);
+            let (first, rest) = parked.split_first().expect("at least this slot");
+            self.start_pass_connection(*first);
+            for &p in rest {
+                self.start_connection(p);
+            }
+            return;
+        }
+        self.start_pass_connection(s);
+    }
+
+    /// Starts connection `next_seq` on slot `s`.
+    fn start_pass_connection(&mut self, s: u32) {
+        let seq = self.next_seq;
         self.next_seq += 1;
+        self.in_flight += 1;
         let c = seq % self.w.connections();
-        let entry = (seq % self.cfg.nodes as usize) as u32;
+        // Round robin within each replay of the trace: connection `c` of a pass reaches node
+        // `c mod N`, as a client replaying the trace through a director's round robin (or
+        // `switchyard load --spread`) sends it, so that a real replay's entry nodes are these.
+        let entry = (c % self.cfg.nodes as usize) as u32;
         let reqs = self.w.conn_requests(c);
         let measured = seq >= self.measure_from_seq;
         if measured && self.measure_start.is_none() {
@@ -1144,6 +1234,8 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
                 Step::Serve {
                     node: e,
                     owner: false,
+                    ship: false,
+                    check: false,
                 },
             );
             return;
@@ -1165,6 +1257,8 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
                     Step::Serve {
                         node: e,
                         owner: owner.is_some(),
+                        ship: false,
+                        check: false,
                     },
                 );
                 return;
@@ -1194,11 +1288,10 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
                 Step::Serve {
                     node: o,
                     owner: true,
+                    ship: sys.replicates(),
+                    check,
                 },
             );
-            if sys.replicates() {
-                self.push(s, Step::Ship { owner: o, check });
-            }
             if self.counting() {
                 self.t.clones += 1;
             }
@@ -1299,7 +1392,12 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
                     node.cache.insert(t, (), size, at(now));
                     node.validated.insert(t, now);
                 }
-                Step::Serve { node, owner } => {
+                Step::Serve {
+                    node,
+                    owner,
+                    ship,
+                    check,
+                } => {
                     if owner {
                         if let Some(h) = self.nodes[node as usize].hot.as_mut() {
                             h.reference(&t, at(now));
@@ -1322,6 +1420,12 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
                         front.push(Step::Disk(node));
                         front.push(Step::Insert(node));
                         front.push(Step::Cpu(node, self.transmit(size)));
+                    }
+                    if ship {
+                        // As the node does (`Dispatch::answered`): the copy goes out on the
+                        // control connection as soon as the response is produced, beside it on
+                        // the owner's link, so that it is in place when the connection returns.
+                        front.push(Step::Ship { owner: node, check });
                     }
                     front.push(Step::Link {
                         node,
@@ -1414,9 +1518,13 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
                     if self.counting() {
                         self.nodes[o as usize].c.shipped += 1;
                     }
+                    if self.slots[s as usize].measured {
+                        self.tm.shipped += 1;
+                    }
                     if self.cfg.system.clones() {
-                        // Sent after the response, over the owner's link.
-                        let front = vec![
+                        // Sent over the owner's link while the response is: carried on by a
+                        // background slot of its own.
+                        let copy = vec![
                             Step::Cpu(o, self.transmit(size)),
                             Step::Link {
                                 node: o,
@@ -1426,7 +1534,7 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
                             Step::Cpu(e, blocks(size, 512) * self.recv_512),
                             Step::Replica { copies, age },
                         ];
-                        self.prepend(s, front);
+                        self.fork(s, copy);
                     } else {
                         // CF-REP: the object just fetched is the copy.
                         self.prepend(s, vec![Step::Replica { copies, age }]);
@@ -1463,6 +1571,12 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
 
     /// Moves the steps left after a response to a background slot, so that the client goes on.
     fn detach(&mut self, s: u32) {
+        let steps = std::mem::take(&mut self.slots[s as usize].steps);
+        self.fork(s, steps.into());
+    }
+
+    /// Runs `steps` for slot `s`'s request on a background slot, beside `s`'s own.
+    fn fork(&mut self, s: u32, steps: Vec<Step>) {
         let b = match self.idle.pop() {
             Some(b) => b,
             None => {
@@ -1470,7 +1584,7 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
                 (self.slots.len() - 1) as u32
             }
         };
-        let steps = std::mem::take(&mut self.slots[s as usize].steps);
+        let steps: VecDeque<Step> = steps.into();
         let (entry, target, size, measured) = {
             let f = &self.slots[s as usize];
             (f.entry, f.target, f.size, f.measured)
@@ -1502,6 +1616,7 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
             return;
         }
         if std::mem::take(&mut slot.closing) {
+            self.in_flight -= 1;
             self.start_connection(s);
         } else {
             self.next_request(s);
@@ -1691,7 +1806,33 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
             mean_cpu_utilization: mean(&|p| p.cpu_utilization),
             mean_link_utilization: mean(&|p| p.link_utilization),
             owner_map_reassignments: reassignments - self.reassign_mark,
+            pass: self.pass(),
             per_node,
+        }
+    }
+
+    /// The measured pass as a whole.
+    fn pass(&self) -> CoopPass {
+        let t = &self.tm;
+        let secs = t
+            .last_done
+            .saturating_sub(self.measure_start.unwrap_or(0))
+            .max(1) as f64
+            / 1e9;
+        let n = t.requests.max(1) as f64;
+        CoopPass {
+            requests: t.requests,
+            secs,
+            throughput: t.requests as f64 / secs,
+            mbytes_per_sec: t.body_bytes as f64 / secs / 1e6,
+            memory_hit_rate: (t.local + t.owner) as f64 / n,
+            local_hit_rate: t.local as f64 / n,
+            owner_hit_rate: t.owner as f64 / n,
+            replica_hit_rate: t.replica as f64 / n,
+            disk_rate: (t.local_disk + t.owner_disk) as f64 / n,
+            clones_per_request: t.clones as f64 / n,
+            fetches_per_request: t.fetches as f64 / n,
+            copies_shipped: t.shipped,
         }
     }
 }
@@ -1909,6 +2050,95 @@ mod tests {
         assert!((r.efficiency - 1.0).abs() < 0.02, "{}", r.efficiency);
         assert!((r.throughput - 1250.0).abs() < 25.0, "{}", r.throughput);
         assert!(r.per_node[0].link_utilization > 0.98);
+    }
+
+    #[test]
+    fn the_pass_counts_every_request_of_it_once() {
+        let w = tiny();
+        for s in [System::Rr, System::Sc, System::Cyclone] {
+            let r = simulate_coop(&CoopConfig::new(4, s), &w).unwrap();
+            let p = &r.pass;
+            assert_eq!(p.requests, 400, "{s}");
+            assert!(
+                (p.memory_hit_rate + p.replica_hit_rate + p.disk_rate - 1.0).abs() < 1e-9,
+                "{s}: {p:?}"
+            );
+            assert!(
+                (p.memory_hit_rate - p.local_hit_rate - p.owner_hit_rate).abs() < 1e-9,
+                "{s}"
+            );
+            // From the first request to the last response: 400 requests of 10 kB on links of
+            // 12.5 MB/s each, no faster than the four links carry them.
+            assert!(
+                p.secs >= 400.0 * 10_000.0 / (4.0 * 12.5e6),
+                "{s}: {}",
+                p.secs
+            );
+            assert!((p.throughput - 400.0 / p.secs).abs() < 1e-6 * p.throughput);
+        }
+        // SC: every request of the pass answered by a node other than its entry was cloned.
+        let mut moved = 0;
+        let sc = simulate_coop_observed(&CoopConfig::new(4, System::Sc), &w, |c| {
+            if c.pass == 1 && c.server != c.entry {
+                moved += 1;
+            }
+        })
+        .unwrap();
+        assert!(moved > 0);
+        assert_eq!(sc.pass.clones_per_request, f64::from(moved) / 400.0);
+    }
+
+    #[test]
+    fn separate_passes_start_the_measured_one_on_idle_nodes() {
+        // 40 clients, one node whose disk is slow: the warm-up pass's misses queue there.
+        let w = tiny();
+        let mut cfg = CoopConfig::new(1, System::Rr);
+        cfg.shared_disk = false;
+        cfg.cache_bytes = 30_000; // three of the eight objects: most requests miss
+        let mut starts = Vec::new();
+        for separate in [false, true] {
+            cfg.separate_passes = separate;
+            let mut last_warm = 0;
+            let mut first_measured = Nanos::MAX;
+            let r = simulate_coop_observed(&cfg, &w, |c| {
+                if c.pass == 0 {
+                    last_warm = last_warm.max(c.time);
+                } else {
+                    first_measured = first_measured.min(c.time);
+                }
+            })
+            .unwrap();
+            assert_eq!(r.pass.requests, 400);
+            // With the pause nothing of the measured pass is answered before the warm-up's last
+            // response; without it the two overlap.
+            assert_eq!(first_measured > last_warm, separate);
+            starts.push(r.pass.secs);
+        }
+        // Without the pause the measured pass starts behind the warm-up's queue of misses.
+        assert!(starts[1] < starts[0], "{starts:?}");
+        // Every pass boundary holds when there are fewer connections than clients.
+        cfg.clients = 1000;
+        assert_eq!(simulate_coop(&cfg, &w).unwrap().pass.requests, 400);
+    }
+
+    #[test]
+    fn an_object_larger_than_the_caches_take_is_read_from_the_disk_every_time() {
+        let targets = Arc::new(Targets {
+            keys: vec!["/big".into(), "/small".into()],
+            sizes: vec![2 * NODE_CACHE_MAX_OBJECT_BYTES, 1000],
+        });
+        let conns: Vec<Vec<Vec<u32>>> = (0..200).map(|i| vec![vec![i % 2]]).collect();
+        let w = SimWorkload::from_connections(targets, Http::V10, &conns).unwrap();
+        let mut cfg = CoopConfig::new(1, System::Rr);
+        cfg.clients = 4;
+        // As the node does: the cache has room, but the object is above its bound.
+        let r = simulate_coop(&cfg, &w).unwrap();
+        assert!((r.pass.disk_rate - 0.5).abs() < 1e-9, "{:?}", r.pass);
+        assert!((r.pass.memory_hit_rate - 0.5).abs() < 1e-9, "{:?}", r.pass);
+        // Without the bound it is cached like the other.
+        cfg.cache_max_object_bytes = u64::MAX;
+        let r = simulate_coop(&cfg, &w).unwrap();
+        assert_eq!(r.pass.disk_rate, 0.0, "{:?}", r.pass);
     }
 
     #[test]

@@ -54,6 +54,13 @@ pub struct CycloneArgs {
     /// Largest object replicated, bytes.
     #[arg(long)]
     pub replica_max_object: Option<u64>,
+    /// Largest object the object caches keep, bytes (the node's `cache_max_object_bytes`).
+    #[arg(long, default_value_t = crate::cyclone::NODE_CACHE_MAX_OBJECT_BYTES)]
+    pub cache_max_object: u64,
+    /// Replacement policy of the object caches of RR, SC and Cyclone (the node's
+    /// `cache_policy`: lru, lfu or gdsf; LFU ages as `--aging-ms` says).
+    #[arg(long, default_value = "lru")]
+    pub cache_policy: String,
     /// Aged references from which an owned target is hot.
     #[arg(long, default_value_t = switchyard_cache::replication::DEFAULT_HOT_THRESHOLD)]
     pub hot_threshold: f64,
@@ -92,15 +99,35 @@ pub struct CycloneArgs {
     /// Cache forwarding: CPU per fetch on the fetching node, µs.
     #[arg(long)]
     pub fetch_request_us: Option<f64>,
+    /// Connection establishment on the node the client reached, µs.
+    #[arg(long)]
+    pub connect_us: Option<f64>,
+    /// Connection teardown on that node, µs.
+    #[arg(long)]
+    pub teardown_us: Option<f64>,
+    /// CPU per 512 bytes sent, µs.
+    #[arg(long)]
+    pub transmit_per_512_us: Option<f64>,
     /// File server (or disk) positioning per read, µs.
     #[arg(long)]
     pub disk_seek_us: Option<f64>,
+    /// Disk transfer time per 4096 bytes, µs.
+    #[arg(long)]
+    pub disk_per_4k_us: Option<f64>,
+    /// Disk positioning per 44 KiB extent after the first, µs.
+    #[arg(long)]
+    pub disk_extent_seek_us: Option<f64>,
     /// A disk per node instead of one file server for the cluster.
     #[arg(long)]
     pub private_disks: bool,
     /// Unmeasured replays of the trace before the measured one.
     #[arg(long, default_value_t = 1)]
     pub warmup_passes: u32,
+    /// Start each replay of the trace only once the one before has been answered in full,
+    /// as a client that replays the trace again after its first run ended (by default the
+    /// clients go on without a pause).
+    #[arg(long)]
+    pub separate_passes: bool,
     /// Worker threads (0: one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -135,6 +162,8 @@ fn config(a: &CycloneArgs, scale: f64) -> Result<CoopConfig, SimError> {
     if let Some(m) = a.replica_max_object {
         c.replication.max_object_bytes = m;
     }
+    c.cache_max_object_bytes = a.cache_max_object;
+    c.cache_policy = cache_policy(&a.cache_policy, a.aging_ms)?;
     c.replication.aging_interval = Duration::from_millis(a.aging_ms);
     c.replica_fresh = Duration::from_millis(a.replica_fresh_ms);
     c.owner_policy.name = a.owner_policy.parse()?;
@@ -156,13 +185,47 @@ fn config(a: &CycloneArgs, scale: f64) -> Result<CoopConfig, SimError> {
     if let Some(v) = a.fetch_request_us {
         c.costs.fetch_request_us = v;
     }
+    if let Some(v) = a.connect_us {
+        c.costs.connect_us = v;
+    }
+    if let Some(v) = a.teardown_us {
+        c.costs.teardown_us = v;
+    }
+    if let Some(v) = a.transmit_per_512_us {
+        c.costs.transmit_per_512_us = v;
+    }
     if let Some(v) = a.disk_seek_us {
         c.disk.seek_us = v;
     }
+    if let Some(v) = a.disk_per_4k_us {
+        c.disk.per_4k_us = v;
+    }
+    if let Some(v) = a.disk_extent_seek_us {
+        c.disk.extent_seek_us = v;
+    }
     c.shared_disk = !a.private_disks;
     c.warmup_passes = a.warmup_passes;
+    c.separate_passes = a.separate_passes;
     c.validate()?;
     Ok(c)
+}
+
+/// The object caches' policy by the node's name for it; LFU ages as the replication counts do
+/// (the node's `lfu_aging_interval_ms` and the simulator's `--aging-ms` are both 10 s by
+/// default).
+fn cache_policy(name: &str, aging_ms: u64) -> Result<switchyard_cache::PolicyKind, SimError> {
+    let kind: switchyard_cache::PolicyKind = name
+        .parse()
+        .map_err(|e| SimError::Config(format!("--cache-policy: {e}")))?;
+    Ok(match kind {
+        switchyard_cache::PolicyKind::Lfu { aging_factor, .. } => {
+            switchyard_cache::PolicyKind::Lfu {
+                aging_interval_ms: aging_ms,
+                aging_factor,
+            }
+        }
+        k => k,
+    })
 }
 
 fn systems(s: &str) -> Result<Vec<System>, SimError> {
