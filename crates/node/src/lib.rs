@@ -89,7 +89,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
-pub use config::{ClusterConfig, DiskConfig, DynamicConfig, Member, NodeConfig};
+pub use config::{ClusterConfig, ClusterMechanism, DiskConfig, DynamicConfig, Member, NodeConfig};
 use conn::Ctx;
 pub use error::NodeError;
 pub use metrics::NodeMetrics;
