@@ -316,6 +316,10 @@ hist_median() {
         [ -z "$lat" ] || echo "clone: Create to Accepted at the entry node: median ${lat% *} us over ${lat#* } clones"
         fb=$(awk '/^switchyard_node_clone_fallbacks_total/ {t += $NF} END {print t + 0}' "$work/clone-metrics")
         echo "clone: fallbacks (requests served at the entry node after all): $fb"
+        # What the clone column measured: the entry node's own answers against its clones.
+        own=$(awk '/^switchyard_node_requests_total/ {t += $NF} END {print t + 0}' "$work/clone-metrics")
+        out=$(awk '/^switchyard_node_clones_out_total/ {t += $NF} END {print t + 0}' "$work/clone-metrics")
+        echo "clone: entry node cloned $out requests and answered $own itself (owner probes and wait checks included)"
     fi
     if has fetch; then
         metrics "$fetch_lab" 0 > "$work/fetch-metrics"

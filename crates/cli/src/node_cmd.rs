@@ -82,7 +82,11 @@ pub struct NodeArgs {
     pub cluster_mechanism: Option<switchyard_node::ClusterMechanism>,
     /// A member's HTTP listener as NAME=ADDR, where `fetch` fetches its responses; repeat for
     /// every member. Replaces `[cluster.http]`.
-    #[arg(long = "member-http", value_name = "NAME=ADDR", requires = "cooperative")]
+    #[arg(
+        long = "member-http",
+        value_name = "NAME=ADDR",
+        requires = "cooperative"
+    )]
     pub member_https: Vec<String>,
     /// Seconds to wait for open connections on shutdown.
     #[arg(long, default_value_t = 10)]
