@@ -23,6 +23,7 @@
 # Usage: bench/cyclone/fig9.sh
 #        DURATION=5 ROUNDS=3 LINK_MBIT=100 SIZES="128 1k 4k 16k 64k 256k 1m" \
 #        MECHS="clone fetch handoff" PREFIX=fig9 WRK_TIMEOUT=10 bench/cyclone/fig9.sh
+# Hot-object replication is off in the cooperative labs (every request through the mechanism).
 # SWITCHYARD_BIN=/path/to/switchyard uses that binary and skips the build (SKIP_BUILD=1 skips it
 # too, using $CARGO_TARGET_DIR/release/switchyard). DIAG=1 also samples, during one more
 # transfer of the largest size per mechanism, `ss -tin` on the serving node and the entry node
@@ -184,12 +185,23 @@ wait_ok() {
     exit 1
 }
 
+# No hot-object replication: the one file asked again and again would turn hot after a few
+# hundred requests, and the entry node would answer it from its copy instead of cloning or
+# fetching (seed 000 measured the mechanisms alone; replication is Figs. 11-13's).
+cat > "$work/no-replication.toml" <<'TOML'
+[cluster]
+members = []
+[cluster.replication]
+enabled = false
+TOML
+chmod 644 "$work/no-replication.toml"
 clone_lab=${PREFIX}c
 fetch_lab=${PREFIX}f
 switch_lab=${PREFIX}h
 coop_labs=()
-has clone && { lab_up "$clone_lab" --cooperative; coop_labs+=("$clone_lab"); }
-has fetch && { lab_up "$fetch_lab" --cooperative --node-arg=--cluster-mechanism=fetch; coop_labs+=("$fetch_lab"); }
+norep=--node-arg=--config=$work/no-replication.toml
+has clone && { lab_up "$clone_lab" --cooperative "$norep"; coop_labs+=("$clone_lab"); }
+has fetch && { lab_up "$fetch_lab" --cooperative "$norep" --node-arg=--cluster-mechanism=fetch; coop_labs+=("$fetch_lab"); }
 has handoff && lab_up "$switch_lab" --mechanism handoff
 for p in "${coop_labs[@]}"; do coop_peers_up "$p"; done
 
@@ -320,6 +332,8 @@ hist_median() {
         own=$(awk '/^switchyard_node_requests_total/ {t += $NF} END {print t + 0}' "$work/clone-metrics")
         out=$(awk '/^switchyard_node_clones_out_total/ {t += $NF} END {print t + 0}' "$work/clone-metrics")
         echo "clone: entry node cloned $out requests and answered $own itself (owner probes and wait checks included)"
+        rh=$(awk '/^switchyard_node_replica_hits/ {t += $NF} END {print t + 0}' "$work/clone-metrics")
+        echo "clone: replica hits at the entry node: $rh (replication is off here)"
     fi
     if has fetch; then
         metrics "$fetch_lab" 0 > "$work/fetch-metrics"
