@@ -75,6 +75,19 @@ pub struct NodeArgs {
         requires = "cooperative"
     )]
     pub member_admins: Vec<String>,
+    /// How a request owned by another member is served: `clone` (its connection moves there)
+    /// or `fetch` (the response is fetched from the owner's HTTP listener, held whole, then
+    /// sent from here). Overrides `[cluster] mechanism`.
+    #[arg(long, value_name = "clone|fetch", requires = "cooperative")]
+    pub cluster_mechanism: Option<switchyard_node::ClusterMechanism>,
+    /// A member's HTTP listener as NAME=ADDR, where `fetch` fetches its responses; repeat for
+    /// every member. Replaces `[cluster.http]`.
+    #[arg(
+        long = "member-http",
+        value_name = "NAME=ADDR",
+        requires = "cooperative"
+    )]
+    pub member_https: Vec<String>,
     /// Seconds to wait for open connections on shutdown.
     #[arg(long, default_value_t = 10)]
     pub drain_secs: u64,
@@ -150,6 +163,24 @@ fn cluster(args: &NodeArgs, file: &FileConfig) -> anyhow::Result<ClusterConfig> 
                 Ok((name.to_owned(), addr))
             })
             .collect::<anyhow::Result<_>>()?;
+    }
+    if !args.member_https.is_empty() {
+        c.http = args
+            .member_https
+            .iter()
+            .map(|m| {
+                let (name, addr) = m
+                    .split_once('=')
+                    .with_context(|| format!("--member-http {m}: want NAME=ADDR"))?;
+                let addr = addr
+                    .parse()
+                    .with_context(|| format!("--member-http {m}: not an address"))?;
+                Ok((name.to_owned(), addr))
+            })
+            .collect::<anyhow::Result<_>>()?;
+    }
+    if let Some(m) = args.cluster_mechanism {
+        c.mechanism = m;
     }
     if let Some(n) = &args.name {
         c.name = n.clone();

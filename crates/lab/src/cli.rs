@@ -410,7 +410,8 @@ pub fn director(topo: &Topology, port: u16) -> crate::director::Director {
 
 /// `up --cooperative`: the director on the switch's host, a cooperative node on each node
 /// host (members `n0`, `n1`, … with TCP control listeners at [`CONTROL_PORT`], admin
-/// listeners at port 9080, the VIP's unmatched packets dropped); with `alone`, plain nodes.
+/// listeners at port 9080, HTTP listeners named with `--member-http` for the `fetch`
+/// mechanism, the VIP's unmatched packets dropped); with `alone`, plain nodes.
 fn start_cooperative(
     state: &mut LabState,
     Coop { port, alone }: Coop,
@@ -435,6 +436,9 @@ fn start_cooperative(
         members.push(format!("n{i}={}:{CONTROL_PORT}", h.ip));
         members.push("--member-admin".to_string());
         members.push(format!("n{i}={}:9080", h.ip));
+        // Where `--cluster-mechanism fetch` (a `--node-arg`) fetches the member's responses.
+        members.push("--member-http".to_string());
+        members.push(format!("n{i}={}:{port}", h.ip));
     }
     for (i, h) in nodes.iter().enumerate() {
         let mut args = vec![

@@ -249,6 +249,59 @@ pub struct ClusterConfig {
     /// cannot be set up) or `nftables`.
     #[serde(default)]
     pub steering: switchyard_handoff::steer::table::Backend,
+    /// How a request owned by a peer is served: `clone` (the connection moves to the owner,
+    /// seed 000's socket cloning) or `fetch` (this node fetches the whole response from the
+    /// owner's HTTP listener, holds it, then sends it: the seed's cooperative caching, "CF").
+    #[serde(default)]
+    pub mechanism: ClusterMechanism,
+    /// `[cluster.http]`: the members' HTTP listeners by member name (`n1 = "10.0.0.2:80"`),
+    /// where `mechanism = "fetch"` fetches their responses; every peer needs one then.
+    #[serde(default)]
+    pub http: std::collections::BTreeMap<String, SocketAddr>,
+    /// With `mechanism = "fetch"`: the largest response held whole before it is sent; a larger
+    /// one (by its `Content-Length`) is relayed as it arrives instead.
+    #[serde(default = "default_fetch_hold_max_bytes")]
+    pub fetch_hold_max_bytes: u64,
+}
+
+/// How a cooperative node serves a request whose owner is a peer (`[cluster] mechanism`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ClusterMechanism {
+    /// Socket cloning: the connection moves to the owner for that request and comes back.
+    #[default]
+    Clone,
+    /// Cooperative caching's cache forwarding: the response is fetched from the owner over
+    /// HTTP, held whole here, then sent to the client on this node's connection.
+    Fetch,
+}
+
+impl ClusterMechanism {
+    /// The name used in the configuration and in the node's status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClusterMechanism::Clone => "clone",
+            ClusterMechanism::Fetch => "fetch",
+        }
+    }
+}
+
+impl std::str::FromStr for ClusterMechanism {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "clone" => Ok(ClusterMechanism::Clone),
+            "fetch" => Ok(ClusterMechanism::Fetch),
+            _ => Err(format!(
+                "unknown cluster mechanism `{s}` (want `clone` or `fetch`)"
+            )),
+        }
+    }
+}
+
+fn default_fetch_hold_max_bytes() -> u64 {
+    16 * 1024 * 1024
 }
 
 fn default_steering_iface() -> String {
@@ -344,6 +397,9 @@ impl ClusterConfig {
             admin: Default::default(),
             steering_iface: default_steering_iface(),
             steering: Default::default(),
+            mechanism: ClusterMechanism::default(),
+            http: Default::default(),
+            fetch_hold_max_bytes: default_fetch_hold_max_bytes(),
         }
     }
 
@@ -384,6 +440,29 @@ impl ClusterConfig {
             .find(|n| !self.members.iter().any(|m| &m.name == *n))
         {
             return Err(format!("[cluster.admin]: `{n}` is not a member"));
+        }
+        if let Some(n) = self
+            .http
+            .keys()
+            .find(|n| !self.members.iter().any(|m| &m.name == *n))
+        {
+            return Err(format!("[cluster.http]: `{n}` is not a member"));
+        }
+        if self.mechanism == ClusterMechanism::Fetch {
+            if let Some(m) = self
+                .members
+                .iter()
+                .find(|m| m.name != self.name && !self.http.contains_key(&m.name))
+            {
+                return Err(format!(
+                    "[cluster]: mechanism = \"fetch\" needs every peer's HTTP listener in \
+                     [cluster.http]; `{}` has none",
+                    m.name
+                ));
+            }
+            if self.fetch_hold_max_bytes == 0 {
+                return Err("[cluster]: fetch_hold_max_bytes must be positive".into());
+            }
         }
         if self.clone_timeout_ms == 0 {
             return Err("[cluster]: clone_timeout_ms must be positive".into());
@@ -483,6 +562,48 @@ mod tests {
         assert!(node.handoff_unix.is_some());
         assert!(node.handoff_listen.is_some());
         assert_eq!(NodeConfig::default().handoff_unix, None);
+    }
+
+    /// `mechanism = "fetch"` needs every peer's HTTP listener; unknown mechanisms and HTTP
+    /// listeners of non-members are refused with what is wrong named.
+    #[test]
+    fn cluster_fetch_mechanism() {
+        let base = "name = \"a\"\nmembers = [{ name = \"a\", control = \"unix:/tmp/a\" }, \
+                    { name = \"b\", control = \"unix:/tmp/b\" }]\n";
+        let parse = |extra: &str| toml::from_str::<ClusterConfig>(&format!("{base}{extra}"));
+        let c = parse("").unwrap();
+        assert_eq!(c.mechanism, ClusterMechanism::Clone, "clone by default");
+        c.validate().unwrap();
+        let c = parse("mechanism = \"fetch\"\n[http]\nb = \"127.0.0.1:8081\"\n").unwrap();
+        assert_eq!(c.mechanism, ClusterMechanism::Fetch);
+        assert_eq!(c.http["b"], "127.0.0.1:8081".parse().unwrap());
+        c.validate().unwrap();
+        // This node's own listener is not needed.
+        let e = parse("mechanism = \"fetch\"\n[http]\na = \"127.0.0.1:8080\"\n")
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(e.contains("`b` has none"), "{e}");
+        let e =
+            parse("mechanism = \"fetch\"\nfetch_hold_max_bytes = 0\n[http]\nb = \"127.0.0.1:1\"\n")
+                .unwrap()
+                .validate()
+                .unwrap_err();
+        assert!(e.contains("fetch_hold_max_bytes"), "{e}");
+        let e = parse("[http]\nc = \"127.0.0.1:1\"\n")
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(e.contains("[cluster.http]: `c` is not a member"), "{e}");
+        let e = parse("mechanism = \"relay\"\n").unwrap_err().to_string();
+        assert!(e.contains("unknown variant `relay`"), "{e}");
+        assert!(parse("[http]\nb = \"nowhere\"\n").is_err());
+        assert_eq!("fetch".parse(), Ok(ClusterMechanism::Fetch));
+        assert_eq!(ClusterMechanism::Fetch.as_str(), "fetch");
+        assert!("CF"
+            .parse::<ClusterMechanism>()
+            .unwrap_err()
+            .contains("`clone` or `fetch`"));
     }
 
     /// `[dynamic]` needs an upstream and paths; the rest has defaults; bad patterns and

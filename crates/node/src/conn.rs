@@ -34,7 +34,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -99,6 +99,33 @@ pub(crate) enum Step {
     HandBack,
     /// Serve it here from this object (a replica of a peer's), not from the store; dispatched.
     Replica(Arc<CachedObject>),
+    /// Fetch the whole response from a peer's HTTP listener, hold it, then send it (a
+    /// cooperative cluster's `fetch` mechanism).
+    Fetch(Fetch),
+}
+
+/// A request a cooperative node fetches from its owner ([`Step::Fetch`]).
+#[derive(Debug)]
+pub(crate) struct Fetch {
+    /// The owner's HTTP listener.
+    pub addr: SocketAddr,
+    /// The largest response held whole; a larger one is relayed as it arrives.
+    pub hold_max: u64,
+    /// Where the fetch is counted.
+    pub counts: Arc<FetchCounts>,
+}
+
+/// Counters of the fetches from one peer.
+#[derive(Debug, Default)]
+pub(crate) struct FetchCounts {
+    /// Responses fetched and sent to the client.
+    pub fetched: AtomicU64,
+    /// Of those, the ones held whole before they were sent.
+    pub held: AtomicU64,
+    /// Bytes sent to clients from fetched responses (heads and bodies).
+    pub bytes: AtomicU64,
+    /// Fetches that failed before anything reached the client (the request was served here).
+    pub failed: AtomicU64,
 }
 
 /// Decides, request by request, how a routed connection is served, and
@@ -392,6 +419,8 @@ fn forwardable(head: &RequestHead) -> bool {
 enum Forwarded {
     /// Answered from the peer; `Some` ends the connection.
     Done(Option<End>),
+    /// Answered from the peer, the whole response held here before any of it was sent.
+    Held(Option<End>),
     /// Nothing reached the client: serve the request here.
     NotSent,
 }
@@ -510,12 +539,33 @@ impl<R: Router> Conn<'_, R> {
             }
             // A dynamic request is answered by this node's own application server.
             Step::Forward(peer) if forwardable(&head) && !self.is_dynamic(&head) => {
-                match self.forward(&head, peer).await {
-                    Forwarded::Done(end) => (end, true),
+                match self.forward(&head, peer, None).await {
+                    Forwarded::Done(end) | Forwarded::Held(end) => (end, true),
                     Forwarded::NotSent => (self.handle(head).await, true),
                 }
             }
             Step::Forward(_) => (self.handle(head).await, true),
+            Step::Fetch(f) if forwardable(&head) && !self.is_dynamic(&head) => {
+                let before = self.produced();
+                let fetched = match self.forward(&head, f.addr, Some(f.hold_max)).await {
+                    Forwarded::Done(end) => Some((end, false)),
+                    Forwarded::Held(end) => Some((end, true)),
+                    Forwarded::NotSent => None,
+                };
+                match fetched {
+                    Some((end, held)) => {
+                        f.counts.fetched.fetch_add(1, Relaxed);
+                        f.counts.held.fetch_add(u64::from(held), Relaxed);
+                        f.counts.bytes.fetch_add(self.produced() - before, Relaxed);
+                        (end, true)
+                    }
+                    None => {
+                        f.counts.failed.fetch_add(1, Relaxed);
+                        (self.handle(head).await, true)
+                    }
+                }
+            }
+            Step::Fetch(_) => (self.handle(head).await, true),
             Step::Local { dispatched } => (self.handle(head).await, dispatched),
             Step::Replica(object) => {
                 self.replica = Some(object);
@@ -542,8 +592,17 @@ impl<R: Router> Conn<'_, R> {
 
     /// Fetch the response to `head` from the node whose HTTP listener is at
     /// `peer` (back-end forwarding) and send it to the client with the
-    /// client's own keep-alive and version.
-    async fn forward(&mut self, head: &RequestHead, peer: SocketAddr) -> Forwarded {
+    /// client's own keep-alive and version. With `hold`, a response whose body
+    /// is delimited by a `Content-Length` of at most `hold` bytes (or has
+    /// none) is read whole before any of it is written (store and forward,
+    /// as cooperative caching forwards a cache copy); others are relayed as
+    /// they arrive.
+    async fn forward(
+        &mut self,
+        head: &RequestHead,
+        peer: SocketAddr,
+        hold: Option<u64>,
+    ) -> Forwarded {
         let started = Instant::now();
         let http10 = head.version == Version::Http10;
         let mut req = Vec::with_capacity(head.head_len + 64);
@@ -585,6 +644,43 @@ impl<R: Router> Conn<'_, R> {
             && !self.stopping()
             && meta.body != switchyard_http::upstream::BodyLength::UntilClose;
         let before = self.produced();
+        let deadline = switchyard_upstream::Deadline::At(until);
+        let held = match (hold, meta.body) {
+            (Some(max), switchyard_http::upstream::BodyLength::Length(n)) if n <= max => true,
+            (Some(_), switchyard_http::upstream::BodyLength::None) => true,
+            _ => false,
+        };
+        if held {
+            let collected = switchyard_upstream::read_body(
+                &mut pc,
+                meta.body,
+                meta.keep_alive,
+                u64::MAX,
+                deadline,
+            )
+            .await;
+            let body = match collected {
+                Ok(switchyard_upstream::Collected::Body { body, reusable }) => {
+                    if reusable {
+                        forward::check_in(pc);
+                    }
+                    body
+                }
+                // (Not with an unbounded limit.)
+                Ok(switchyard_upstream::Collected::TooLarge) => return Forwarded::NotSent,
+                Err(e) => {
+                    metrics.forward_failures.fetch_add(1, Relaxed);
+                    tracing::debug!(%peer, error = %e, "fetched response broke off; serving locally");
+                    return Forwarded::NotSent;
+                }
+            };
+            self.out.reserve(1024 + body.len());
+            switchyard_http::upstream::client_response_head(&r.head, keep, http10, &mut self.out);
+            self.out.extend_from_slice(&body);
+            return self
+                .forwarded(head, &r.head, meta.status, started, before, keep, true)
+                .await;
+        }
         let out_mark = self.out.len();
         let written_mark = self.stats.bytes;
         self.out.reserve(1024);
@@ -612,22 +708,46 @@ impl<R: Router> Conn<'_, R> {
                 return Forwarded::Done(Some(End::Broken));
             }
         }
+        self.forwarded(head, &r.head, meta.status, started, before, keep, false)
+            .await
+    }
+
+    /// The forwarded response to `head` (from a peer's response head `peer_head` with
+    /// `status`, started at `started`, output from `before` on) is in the output: count it,
+    /// and close or flush as due. `held`: it was held whole before it was written.
+    #[allow(clippy::too_many_arguments)]
+    async fn forwarded(
+        &mut self,
+        head: &RequestHead,
+        peer_head: &[u8],
+        status: u16,
+        started: Instant,
+        before: u64,
+        keep: bool,
+        held: bool,
+    ) -> Forwarded {
+        let metrics = &self.ctx.metrics.handoff;
         self.stats.requests += 1;
         self.buf.advance(head.head_len);
-        self.count_status(meta.status);
-        self.last_hit = switchyard_http::upstream::from_cache(&r.head);
+        self.count_status(status);
+        self.last_hit = switchyard_http::upstream::from_cache(peer_head);
         metrics.forwards.fetch_add(1, Relaxed);
         metrics
             .forward_bytes
             .fetch_add(self.produced() - before, Relaxed);
         self.pending.push(started);
-        if !keep {
-            return Forwarded::Done(Some(self.close().await));
+        let end = if !keep {
+            Some(self.close().await)
+        } else if self.out.len() >= FLUSH_AT && self.flush().await.is_err() {
+            Some(End::Broken)
+        } else {
+            None
+        };
+        if held {
+            Forwarded::Held(end)
+        } else {
+            Forwarded::Done(end)
         }
-        if self.out.len() >= FLUSH_AT && self.flush().await.is_err() {
-            return Forwarded::Done(Some(End::Broken));
-        }
-        Forwarded::Done(None)
     }
 
     /// Whether the request goes to the application server.

@@ -58,8 +58,8 @@ use switchyard_handoff::steer::{Flow, Target};
 use switchyard_http::request::{Method, RequestHead};
 use switchyard_policy::{ConnId, NodeId, NodeSpec, Outcome, Policy, Request};
 
-use crate::config::ClusterConfig;
-use crate::conn::{self, Ctx, Router, Step};
+use crate::config::{ClusterConfig, ClusterMechanism};
+use crate::conn::{self, Ctx, Fetch, FetchCounts, Router, Step};
 use crate::error::NodeError;
 use crate::handoff::restream;
 use crate::replica::{Held, Replication};
@@ -178,6 +178,8 @@ pub(crate) struct Peer {
     /// Where the client's packets go while the peer serves a clone (a peer on another host;
     /// learnt once its control connection is up).
     target: Mutex<Option<Target>>,
+    /// Responses fetched from the peer (`mechanism = "fetch"`).
+    pub fetches: Arc<FetchCounts>,
 }
 
 impl Peer {
@@ -222,6 +224,8 @@ pub(crate) struct ClusterStats {
     fallbacks: [AtomicU64; Fallback::ALL.len()],
     /// Requests served here because this node owns them.
     pub owned: AtomicU64,
+    /// Requests another node forwarded here (a peer's fetch, a switch's relay), served here.
+    pub relayed_in: AtomicU64,
     /// Requests cloned to their owners and not yet finished (answered and counted).
     pub outstanding: AtomicU64,
     /// From the `Create` to the owner's `Accepted`.
@@ -236,6 +240,7 @@ impl Default for ClusterStats {
         ClusterStats {
             fallbacks: Default::default(),
             owned: AtomicU64::new(0),
+            relayed_in: AtomicU64::new(0),
             outstanding: AtomicU64::new(0),
             clone_seconds: Histogram::new(exponential_buckets(10e-6, 2.0, 16)),
             // Fine steps around the tens of microseconds the kernel calls take.
@@ -306,6 +311,12 @@ pub(crate) struct Cluster {
     pub(crate) replication: Option<Arc<Replication>>,
     /// Every member's admin listener, by member index, where `[cluster.admin]` names one.
     pub(crate) admins: Vec<Option<std::net::SocketAddr>>,
+    /// How a request owned by a peer is served.
+    mechanism: ClusterMechanism,
+    /// Every member's HTTP listener, by member index, where `[cluster.http]` names one.
+    http: Vec<Option<std::net::SocketAddr>>,
+    /// With `fetch`: the largest response held whole before it is sent.
+    fetch_hold_max: u64,
     /// The targets routed here in the current period, with the member owning each.
     hot: Mutex<switchyard_admin::dashboard::HotTargets>,
     /// The last finished period's hottest targets: target, owner's name, requests.
@@ -369,6 +380,7 @@ impl Cluster {
                         idle: Notify::new(),
                         stats: PeerStats::default(),
                         target: Mutex::new(None),
+                        fetches: Arc::default(),
                     }),
                 })
             })
@@ -400,6 +412,13 @@ impl Cluster {
                 .iter()
                 .map(|m| cfg.admin.get(&m.name).copied())
                 .collect(),
+            mechanism: cfg.mechanism,
+            http: cfg
+                .members
+                .iter()
+                .map(|m| cfg.http.get(&m.name).copied())
+                .collect(),
+            fetch_hold_max: cfg.fetch_hold_max_bytes,
             hot: Mutex::new(switchyard_admin::dashboard::HotTargets::new(HOT_CAPACITY)),
             hot_last: Mutex::new(Vec::new()),
         })
@@ -1021,6 +1040,10 @@ impl Router for Owned<'_> {
             return Step::Local { dispatched: false };
         }
         let c = self.cluster;
+        // A request that another node forwards (a peer's fetch, a switch's relay) is served
+        // here, never moved on: like a clone, a fetch goes one hop at most, whatever this
+        // node's owner map says meanwhile.
+        let relayed = head.cache_report;
         let req = Request {
             conn: self.conn,
             method: &head.method_token,
@@ -1044,8 +1067,11 @@ impl Router for Owned<'_> {
             (Some(_), Method::Get | Method::Head) => self.store.object_key(&head.target),
             _ => None,
         };
-        match owner.and_then(|i| c.peers[i].clone()) {
-            Some(peer) => {
+        match owner
+            .filter(|_| !relayed)
+            .and_then(|i| Some((i, c.peers[i].clone()?)))
+        {
+            Some((i, peer)) => {
                 peer.stats.routed.fetch_add(1, Relaxed);
                 if let (Some(r), Some(key)) = (&c.replication, &key) {
                     match r.lookup(key) {
@@ -1066,17 +1092,35 @@ impl Router for Owned<'_> {
                         Held::Miss => {}
                     }
                 }
-                self.clone_to = Some(peer);
-                Step::HandBack
+                match (c.mechanism, c.http[i]) {
+                    (ClusterMechanism::Fetch, Some(addr)) => {
+                        self.served_for = peer.id;
+                        Step::Fetch(Fetch {
+                            addr,
+                            hold_max: c.fetch_hold_max,
+                            counts: peer.fetches.clone(),
+                        })
+                    }
+                    _ => {
+                        self.clone_to = Some(peer);
+                        Step::HandBack
+                    }
+                }
             }
             None => {
-                if owner.is_some() {
+                if relayed {
+                    c.stats.relayed_in.fetch_add(1, Relaxed);
+                }
+                if owner.is_some_and(|i| i == c.me) {
                     c.stats.owned.fetch_add(1, Relaxed);
                     if let (Some(r), Some(key)) = (&c.replication, &key) {
                         r.owned(key);
                     }
                 }
-                self.served_for = c.me_id;
+                // (The member the map chose: a relayed request may be a peer's in this map.)
+                self.served_for = owner
+                    .and_then(|i| c.peers[i].as_ref().map(|p| p.id))
+                    .unwrap_or(c.me_id);
                 Step::Local {
                     dispatched: owner.is_some(),
                 }
@@ -1545,6 +1589,49 @@ impl prometheus_client::collector::Collector for ClusterCollector {
             "switchyard_node_cluster_owned_requests",
             "Requests served here because this node owns them",
             c.stats.owned.load(Relaxed),
+        )?;
+        counter(
+            &mut enc,
+            "switchyard_node_cluster_relayed_in_requests",
+            "Requests another node forwarded here (a peer's fetch), served here",
+            c.stats.relayed_in.load(Relaxed),
+        )?;
+        let per_fetch = |f: fn(&FetchCounts) -> &AtomicU64| {
+            c.peers()
+                .map(move |p| (p.name.clone(), f(&p.fetches).load(Relaxed)))
+                .collect::<Vec<_>>()
+        };
+        labelled(
+            &mut enc,
+            "switchyard_node_cluster_fetches",
+            "Responses fetched from their owner and sent here (mechanism fetch), by peer",
+            "peer",
+            true,
+            per_fetch(|f| &f.fetched),
+        )?;
+        labelled(
+            &mut enc,
+            "switchyard_node_cluster_fetches_held",
+            "Fetched responses held whole before they were sent, by peer",
+            "peer",
+            true,
+            per_fetch(|f| &f.held),
+        )?;
+        labelled(
+            &mut enc,
+            "switchyard_node_cluster_fetch_bytes",
+            "Bytes sent to clients from fetched responses, by peer",
+            "peer",
+            true,
+            per_fetch(|f| &f.bytes),
+        )?;
+        labelled(
+            &mut enc,
+            "switchyard_node_cluster_fetch_failures",
+            "Fetches that failed before any byte reached the client (served here), by peer",
+            "peer",
+            true,
+            per_fetch(|f| &f.failed),
         )?;
         match &c.replication {
             Some(r) => encode_replication(&mut enc, r),

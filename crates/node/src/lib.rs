@@ -90,7 +90,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
-pub use config::{ClusterConfig, DiskConfig, DynamicConfig, Member, NodeConfig};
+pub use config::{ClusterConfig, ClusterMechanism, DiskConfig, DynamicConfig, Member, NodeConfig};
 use conn::Ctx;
 pub use error::NodeError;
 pub use metrics::NodeMetrics;
