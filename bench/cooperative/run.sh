@@ -35,6 +35,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
+# shellcheck source=../lib/lab.sh
+. "$top/bench/lib/lab.sh"
 DURATION=${DURATION:-10}
 ROUNDS=${ROUNDS:-3}
 CONNS=${CONNS:-48}
@@ -65,44 +67,13 @@ done
 [ "$CLIENTS" -ge "$NODES" ] || { echo "CLIENTS must be at least NODES (ideal pairs client k with node k)" >&2; exit 2; }
 has() { case " $MECHS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
-missing=()
-for cmd in wrk curl jq; do command -v "$cmd" >/dev/null || missing+=("$cmd"); done
-if [ ${#missing[@]} -gt 0 ]; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk curl jq
-fi
-ulimit -n "$(ulimit -Hn)"
+lab_tools
 
-if [ -n "${SWITCHYARD_BIN:-}" ]; then
-    bin=$SWITCHYARD_BIN
-else
-    target=${CARGO_TARGET_DIR:-$top/target}
-    [ -n "${SKIP_BUILD:-}" ] || (cd "$top" && cargo build --release -q -p switchyard --bin switchyard)
-    bin="$target/release/switchyard"
-fi
-[ -x "$bin" ] || { echo "no switchyard binary at $bin" >&2; exit 1; }
-bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
+lab_binary
 
 cmdline="DURATION=$DURATION ROUNDS=$ROUNDS CONNS=$CONNS NODES=$NODES CLIENTS=$CLIENTS LINK_MBIT=$LINK_MBIT NFILES=$NFILES SIZES=\"$SIZES\" MODES=\"$MODES\" MECHS=\"$MECHS\" bench/cooperative/run.sh"
 
-work=$(mktemp -d /tmp/sy-coop-XXXXXX)
-chmod 755 "$work"
-labs=()
-cleanup() {
-    local rc=$?
-    trap - EXIT INT TERM
-    for p in "${labs[@]}"; do
-        if [ "$rc" -ne 0 ]; then
-            for f in "$work/$p"/*.log; do [ -f "$f" ] && { echo "--- $f" >&2; tail -n 15 "$f" >&2; }; done
-        fi
-        SWITCHYARD_LAB_DIR=$work timeout 120 "$bin" lab down --prefix "$p" >/dev/null 2>&1 || echo "warning: lab down --prefix $p failed" >&2
-    done
-    rm -rf "$work"
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-export SWITCHYARD_LAB_DIR=$work
+lab_workdir coop
 
 # The site: the same files on every node.
 root="$work/site"

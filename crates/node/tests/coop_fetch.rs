@@ -9,7 +9,7 @@ mod common;
 use std::io::Read;
 use std::time::Duration;
 
-use common::{eventually, pattern, write, TestNode};
+use common::{eventually, pattern, served_by, write, TestNode};
 use switchyard_handoff::link::ControlAddr;
 use switchyard_node::{ClusterConfig, ClusterMechanism, Member};
 
@@ -91,23 +91,8 @@ impl Cluster {
 
     /// The sum of every series of a (labelled) counter on node `i`.
     fn total(&self, i: usize, family: &str) -> f64 {
-        self.nodes[i]
-            .metrics()
-            .lines()
-            .filter(|l| l.starts_with(family) && !l.starts_with('#'))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        self.nodes[i].total(family)
     }
-}
-
-/// Who served `/tN.txt`, from the body.
-fn served_by(body: &[u8], t: usize) -> String {
-    let s = String::from_utf8_lossy(body);
-    let (who, what) = s
-        .split_once(':')
-        .unwrap_or_else(|| panic!("odd body {s:?}"));
-    assert_eq!(what, format!("t{t}"), "the body of the target asked for");
-    who.to_owned()
 }
 
 /// The owner of every target as a cloning entry node (`n1`) routes it.

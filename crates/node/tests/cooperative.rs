@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::time::Duration;
 
-use common::{eventually, pattern, write, Client, TestNode};
+use common::{eventually, pattern, served_by, write, Client, TestNode};
 use switchyard_handoff::link::ControlAddr;
 use switchyard_node::{ClusterConfig, Member};
 
@@ -72,23 +72,8 @@ impl Cluster {
 
     /// The sum of every series of a labelled counter on node `i`.
     fn total(&self, i: usize, family: &str) -> f64 {
-        self.node(i)
-            .metrics()
-            .lines()
-            .filter(|l| l.starts_with(family) && !l.starts_with('#'))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        self.node(i).total(family)
     }
-}
-
-/// Who served `/tN.txt`, from the body.
-fn served_by(body: &[u8], t: usize) -> String {
-    let s = String::from_utf8_lossy(body);
-    let (who, what) = s
-        .split_once(':')
-        .unwrap_or_else(|| panic!("odd body {s:?}"));
-    assert_eq!(what, format!("t{t}"), "the body of the target asked for");
-    who.to_owned()
 }
 
 /// Serves every target once through each node's one keep-alive connection; returns the owner

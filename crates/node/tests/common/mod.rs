@@ -70,6 +70,25 @@ impl TestNode {
             .parse()
             .unwrap()
     }
+
+    /// The sum of every series of a (labelled) counter.
+    pub fn total(&self, family: &str) -> f64 {
+        self.metrics()
+            .lines()
+            .filter(|l| l.starts_with(family) && !l.starts_with('#'))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+/// Who served `/tN.txt` of a cooperative test site, whose bodies read `<node>:t<N>`.
+pub fn served_by(body: &[u8], t: usize) -> String {
+    let s = String::from_utf8_lossy(body);
+    let (who, what) = s
+        .split_once(':')
+        .unwrap_or_else(|| panic!("odd body {s:?}"));
+    assert_eq!(what, format!("t{t}"), "the body of the target asked for");
+    who.to_owned()
 }
 
 impl Drop for TestNode {
