@@ -574,7 +574,8 @@ impl Info {
     }
 }
 
-fn dump_in_repair(fd: RawFd) -> Result<RepairState> {
+/// The socket's `TCP_INFO`.
+fn tcp_info(fd: RawFd) -> Result<Info> {
     let mut raw = [0u8; 256];
     let mut len = raw.len() as libc::socklen_t;
     // SAFETY: raw is valid for len bytes.
@@ -590,8 +591,12 @@ fn dump_in_repair(fd: RawFd) -> Result<RepairState> {
     if r != 0 {
         return Err(HandoffError::last_os("getsockopt(TCP_INFO)"));
     }
-    let info = Info::parse(&raw, len as usize)
-        .ok_or_else(|| HandoffError::NotMovable(format!("TCP_INFO of {len} bytes is too short")))?;
+    Info::parse(&raw, len as usize)
+        .ok_or_else(|| HandoffError::NotMovable(format!("TCP_INFO of {len} bytes is too short")))
+}
+
+fn dump_in_repair(fd: RawFd) -> Result<RepairState> {
+    let info = tcp_info(fd)?;
     if info.state != TCP_ESTABLISHED {
         return Err(HandoffError::NotMovable(format!(
             "TCP state {} is not ESTABLISHED",
@@ -1018,20 +1023,7 @@ mod tests {
             return;
         }
         set_repair(server.as_fd(), true).unwrap();
-        let mut raw = [0u8; 256];
-        let mut len = raw.len() as libc::socklen_t;
-        // SAFETY: raw is valid for len bytes.
-        let r = unsafe {
-            libc::getsockopt(
-                fd,
-                libc::IPPROTO_TCP,
-                TCP_INFO,
-                raw.as_mut_ptr() as *mut libc::c_void,
-                &mut len,
-            )
-        };
-        assert_eq!(r, 0);
-        let info = Info::parse(&raw, len as usize).unwrap();
+        let info = tcp_info(fd).unwrap();
         assert_eq!(info.send_queue_empty, Some(true));
         assert_eq!(unacked(server.as_fd()).unwrap(), 0);
     }
