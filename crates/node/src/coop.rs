@@ -1073,27 +1073,32 @@ impl Router for Owned<'_> {
         {
             Some((i, peer)) => {
                 peer.stats.routed.fetch_add(1, Relaxed);
+                let fetch_from = match c.mechanism {
+                    ClusterMechanism::Fetch => c.http[i],
+                    ClusterMechanism::Clone => None,
+                };
                 if let (Some(r), Some(key)) = (&c.replication, &key) {
                     match r.lookup(key) {
                         Held::Fresh(object) => {
                             self.served_for = peer.id;
                             return Step::Replica(object);
                         }
-                        // Ahead of the request, on the same connection: the owner checks
-                        // the copy as it serves it.
-                        // (Written at once, so before the `Create`, however that is sent.)
-                        Held::Stale(etag) => {
+                        // Ahead of the clone, on the control connection it takes (written at
+                        // once, so before the `Create`, however that is sent): the owner
+                        // checks the copy as it serves the request. (Copies come only with
+                        // clones, so a fetching node holds none.)
+                        Held::Stale(etag) if fetch_from.is_none() => {
                             let check = Message::ReplicaCheck {
                                 target: key.clone(),
                                 etag,
                             };
                             peer.link.send(&check, None);
                         }
-                        Held::Miss => {}
+                        Held::Stale(_) | Held::Miss => {}
                     }
                 }
-                match (c.mechanism, c.http[i]) {
-                    (ClusterMechanism::Fetch, Some(addr)) => {
+                match fetch_from {
+                    Some(addr) => {
                         self.served_for = peer.id;
                         Step::Fetch(Fetch {
                             addr,
@@ -1101,7 +1106,7 @@ impl Router for Owned<'_> {
                             counts: peer.fetches.clone(),
                         })
                     }
-                    _ => {
+                    None => {
                         self.clone_to = Some(peer);
                         Step::HandBack
                     }
