@@ -381,6 +381,16 @@ fn prepare(state: &mut LabState, binary: Option<&Path>) -> Result<(PathBuf, Path
     };
     let logs = state_dir().join(&state.topology.prefix);
     std::fs::create_dir_all(&logs).map_err(|e| HandoffError::io("mkdir lab logs", e))?;
+    // The switch and the nodes run under `ip netns exec`, each in a mount namespace of its own:
+    // the BPF file system for their steering pins is mounted here first so that they all share
+    // it (a switch started after a SIGKILL finds and replaces what the old one pinned).
+    let pins = Path::new(switchyard_handoff::steer::ebpf::DEFAULT_PIN_ROOT);
+    if let Err(e) = switchyard_handoff::steer::ebpf::ensure_bpffs(pins) {
+        state.notes.push(format!(
+            "no BPF file system at {} ({e}): each process's eBPF steering pins stay its own",
+            pins.display()
+        ));
+    }
     let root = match &state.root {
         Some(r) => r.clone(),
         None => {

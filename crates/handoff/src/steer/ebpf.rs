@@ -294,10 +294,29 @@ pub struct EbpfSteering {
     pin_dir: PathBuf,
 }
 
-/// Makes sure `dir` is on a BPF file system, mounting one if needed.
+/// Makes sure `dir` is on a BPF file system, mounting one if needed. A process started by
+/// `ip netns exec` has a mount namespace of its own, so a file system it mounts is seen by it
+/// alone (its pins die with it and no later process finds them): whoever starts such processes
+/// mounts it first in its own namespace, which they inherit (`switchyard lab up` does).
 pub fn ensure_bpffs(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir)
         .map_err(|e| HandoffError::io(format!("mkdir {}", dir.display()), e))?;
+    if is_bpffs(dir) {
+        return Ok(());
+    }
+    // Processes that start together (a lab's switches, a suite's threads) would each find no
+    // BPF file system and each mount one, stacked: pins made in a lower one are then hidden from
+    // every later look-up of the path. The look and the mount are one step under a lock file
+    // beside the directory.
+    let lock_path = dir.with_extension("mount-lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| HandoffError::io(format!("open {}", lock_path.display()), e))?;
+    let _lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| HandoffError::io(format!("flock {}", lock_path.display()), e.into()))?;
     if is_bpffs(dir) {
         return Ok(());
     }
