@@ -19,6 +19,14 @@
 # medians of requests/s. The owner of every file is learnt first from the nodes' counters (a
 # request sent to a node's own address is counted as its own when the node owns it).
 #
+# BALANCE=1 (the default): the site's files are chosen so that the owner map gives every node
+# the same number of them (NFILES / NODES each, picked in name order from BALANCE_CANDIDATES
+# per size), so that every mechanism is asked for the same files and no node's link carries
+# more of them than another's: the comparison then measures moving, not how a hash happens to
+# split a handful of equally popular files. BALANCE=0 asks for the first NFILES files, however
+# the map splits them (the ideal still asks each node only for its own files, so it stays
+# balanced while the others follow the map).
+#
 # CPU per moved connection on the sending node: every cooperative node keeps a histogram of its
 # own CPU time per connection it cloned across hosts and got back (steering entry, TCP_REPAIR dump,
 # restore, removal of the entry; `switchyard_node_clone_cpu_seconds`); the script reports the
@@ -27,7 +35,7 @@
 # Usage: bench/cooperative/run.sh
 #        DURATION=10 ROUNDS=3 CONNS=48 NODES=3 CLIENTS=3 LINK_MBIT=100 NFILES=32 \
 #        SIZES="1k 10k 100k 1m" MODES="http10 keepalive" MECHS="coop spread handoff ideal" \
-#        PREFIX=sycoop WRK_TIMEOUT=10 bench/cooperative/run.sh
+#        BALANCE=1 BALANCE_CANDIDATES=96 PREFIX=sycoop WRK_TIMEOUT=10 bench/cooperative/run.sh
 # SWITCHYARD_BIN=/path/to/switchyard uses that binary and skips the build (SKIP_BUILD=1 skips it
 # too, using $CARGO_TARGET_DIR/release/switchyard). Needs root (network namespaces); installs wrk,
 # curl and jq with apt-get when missing. All traffic stays inside the lab's namespaces; every lab
@@ -49,6 +57,8 @@ MODES=${MODES:-"http10 keepalive"}
 MECHS=${MECHS:-"coop spread handoff ideal"}
 PREFIX=${PREFIX:-sycoop}
 WRK_TIMEOUT=${WRK_TIMEOUT:-10}
+BALANCE=${BALANCE:-1}
+BALANCE_CANDIDATES=${BALANCE_CANDIDATES:-$((NFILES * 3))}
 
 usage() {
     sed -n '/^# Usage:/,/^# is removed/p' "$0" | sed 's/^# \{0,1\}//'
@@ -65,13 +75,25 @@ for m in $MODES; do
     case $m in http10 | keepalive) ;; *) echo "unknown mode in MODES: $m" >&2; exit 2 ;; esac
 done
 [ "$CLIENTS" -ge "$NODES" ] || { echo "CLIENTS must be at least NODES (ideal pairs client k with node k)" >&2; exit 2; }
+case $BALANCE in 0 | 1) ;; *) echo "BALANCE must be 0 or 1" >&2; exit 2 ;; esac
+if [ "$BALANCE" = 1 ]; then
+    [ "$NFILES" -ge "$NODES" ] || { echo "BALANCE=1 needs NFILES >= NODES" >&2; exit 2; }
+    [ "$BALANCE_CANDIDATES" -ge "$NFILES" ] || { echo "BALANCE_CANDIDATES must be at least NFILES" >&2; exit 2; }
+    per_node=$((NFILES / NODES))
+    NFILES=$((per_node * NODES))
+    site_files=$BALANCE_CANDIDATES
+else
+    site_files=$NFILES
+fi
 has() { case " $MECHS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+# The owners are learnt in the cooperative lab: it comes up for coop, ideal and a balanced site.
+needs_owners() { has ideal || [ "$BALANCE" = 1 ]; }
 
 lab_tools
 
 lab_binary
 
-cmdline="DURATION=$DURATION ROUNDS=$ROUNDS CONNS=$CONNS NODES=$NODES CLIENTS=$CLIENTS LINK_MBIT=$LINK_MBIT NFILES=$NFILES SIZES=\"$SIZES\" MODES=\"$MODES\" MECHS=\"$MECHS\" bench/cooperative/run.sh"
+cmdline="DURATION=$DURATION ROUNDS=$ROUNDS CONNS=$CONNS NODES=$NODES CLIENTS=$CLIENTS LINK_MBIT=$LINK_MBIT NFILES=$NFILES SIZES=\"$SIZES\" MODES=\"$MODES\" MECHS=\"$MECHS\" BALANCE=$BALANCE BALANCE_CANDIDATES=$BALANCE_CANDIDATES bench/cooperative/run.sh"
 
 lab_workdir coop
 
@@ -81,7 +103,7 @@ mkdir -p "$root"
 chmod 755 "$root"
 for s in $SIZES; do
     head -c "$(size_bytes "$s")" /dev/urandom > "$work/$s.data"
-    for i in $(seq 0 $((NFILES - 1))); do cp "$work/$s.data" "$root/$s-$i"; done
+    for i in $(seq 0 $((site_files - 1))); do cp "$work/$s.data" "$root/$s-$i"; done
     rm "$work/$s.data"
 done
 
@@ -144,7 +166,7 @@ wait_ready() {
 coop_lab=${PREFIX}c
 spread_lab=${PREFIX}s
 switch_lab=${PREFIX}h
-if has coop || has ideal; then
+if has coop || needs_owners; then
     lab_up "$coop_lab" --cooperative
     # Every member's peers up (each node's control connections to the others).
     for k in $(seq 0 $((NODES - 1))); do
@@ -165,16 +187,18 @@ if has handoff; then
     wait_ready "$switch_lab" "http://$(jq -r .vip "$work/$switch_lab.status.json")/"
 fi
 
-# The owner of every file (ideal): a request sent to a node's own address is served there (a
-# connection that did not come through the VIP cannot move), counted as its own when it owns the
-# file (the count is taken before the answer): ask each node in turn until one counts it.
+# The owner of every file (ideal, BALANCE): a request sent to a node's own address is served
+# there (a connection that did not come through the VIP cannot move), counted as its own when it
+# owns the file (the count is taken before the answer): ask each node in turn until one counts
+# it. `all-SIZE` lists the files every mechanism asks for, `owners-SIZE-K` those of node K.
 owned_count() { # NODE_INDEX
     metrics "$coop_lab" "$1" | awk '$1 == "switchyard_node_cluster_owned_requests_total" {print $2 + 0}'
 }
-if has ideal; then
+if needs_owners; then
     c0_ns=$(status_field "$coop_lab" client0 netns)
     for s in $SIZES; do
-        for i in $(seq 0 $((NFILES - 1))); do
+        for k in $(seq 0 $((NODES - 1))); do : > "$work/owners-$s-$k"; done
+        for i in $(seq 0 $((site_files - 1))); do
             owner=
             for k in $(seq 0 $((NODES - 1))); do
                 before=$(owned_count "$k")
@@ -184,7 +208,21 @@ if has ideal; then
             [ -n "$owner" ] || { echo "cannot tell the owner of /$s-$i" >&2; exit 1; }
             echo "/$s-$i" >> "$work/owners-$s-$owner"
         done
+        if [ "$BALANCE" = 1 ]; then
+            : > "$work/all-$s"
+            for k in $(seq 0 $((NODES - 1))); do
+                n=$(wc -l < "$work/owners-$s-$k")
+                [ "$n" -ge "$per_node" ] || { echo "node$k owns $n of $site_files $s files, fewer than $per_node: raise BALANCE_CANDIDATES" >&2; exit 1; }
+                head -n "$per_node" "$work/owners-$s-$k" > "$work/owners-$s-$k.tmp"
+                mv "$work/owners-$s-$k.tmp" "$work/owners-$s-$k"
+                cat "$work/owners-$s-$k" >> "$work/all-$s"
+            done
+        fi
+        echo "$s files per owner: $(for k in $(seq 0 $((NODES - 1))); do printf 'node%s %s ' "$k" "$(wc -l < "$work/owners-$s-$k")"; done)" >&2
     done
+fi
+if [ "$BALANCE" = 0 ]; then
+    for s in $SIZES; do seq 0 $((NFILES - 1)) | sed "s|^|/$s-|" > "$work/all-$s"; done
 fi
 
 # run MECH SIZE MODE -> "req/s errors"
@@ -193,7 +231,6 @@ run() {
     case $m in coop | ideal) lab=$coop_lab ;; spread) lab=$spread_lab ;; handoff) lab=$switch_lab ;; esac
     local vip
     vip=$(jq -r .vip "$work/$lab.status.json")
-    seq 0 $((NFILES - 1)) | sed "s|^|/$s-|" > "$work/all-$s"
     local wpids=()
     for k in $(seq 0 $((CLIENTS - 1))); do
         ns=$(status_field "$lab" "client$k" netns)
@@ -238,7 +275,7 @@ median() { tr ' ' '\n' | grep -v '^$' | sort -n | awk '{a[NR] = $1} END {if (NR 
 
 echo
 echo "Command: $cmdline"
-echo "$(date -u +%Y-%m-%d), load average $(cut -d' ' -f1-3 /proc/loadavg), links $LINK_MBIT Mbit/s, $NODES nodes, $CLIENTS clients"
+echo "$(date -u +%Y-%m-%d), load average $(cut -d' ' -f1-3 /proc/loadavg), links $LINK_MBIT Mbit/s, $NODES nodes, $CLIENTS clients, $NFILES files of each size$([ "$BALANCE" = 1 ] && echo ", $per_node owned by each node")"
 echo
 printf '| size | mode |'
 for m in $MECHS; do printf ' %s req/s |' "$m"; done
