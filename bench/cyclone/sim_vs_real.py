@@ -10,7 +10,6 @@ failure to run.
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +17,8 @@ import tempfile
 import time
 import urllib.request
 
-BERKELEY_BYTES = 650_000_000  # switchyard_trace::synth::CYCLONE_BYTES
+from cyclone_common import (BERKELEY_BYTES, counter, make_trace, parse_metrics,
+                            replication_settings, run, write_node_config)
 
 
 def env(name, default):
@@ -45,46 +45,14 @@ LOG = env("LOG", "/work/shared/data/usask_1995_excerpt.log")
 OUT = env("OUT", "bench/cyclone/results")
 CAL_REQUESTS = int(env("CAL_REQUESTS", "2000"))
 
-if SETTING == "static":
-    HOT, FRESH_MS = 20.0, 60_000
-elif SETTING == "defaults":
-    HOT, FRESH_MS = 200.0, 1_000
-else:
-    sys.exit(f"SETTING must be static or defaults, not {SETTING}")
-AGING_MS = 10_000
-# Each may be set on its own (the setting's name then says what it started from).
-HOT = float(env("HOT", str(HOT)))
-FRESH_MS = int(env("FRESH_MS", str(FRESH_MS)))
-AGING_MS = int(env("AGING_MS", str(AGING_MS)))
+HOT, FRESH_MS, AGING_MS = replication_settings(SETTING)
 REPLICA_BYTES = os.environ.get("REPLICA_BYTES")
-
-
-def run(args, **kw):
-    r = subprocess.run(args, capture_output=True, text=True, **kw)
-    if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, args))} failed:\n{r.stderr[-2000:]}")
-    return r.stdout
 
 
 def metrics(admin):
     """The counters and gauges of one node's /metrics, by name with labels."""
     with urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name, _, value = line.rpartition(" ")
-        try:
-            out[name] = float(value)
-        except ValueError:
-            pass
-    return out
-
-
-def counter(m, name):
-    return sum(v for k, v in m.items() if k == name or k == name + "_total" or
-               k.startswith(name + "{") or k.startswith(name + "_total{"))
+        return parse_metrics(r.read().decode())
 
 
 class Cluster:
@@ -102,21 +70,7 @@ class Cluster:
         members = ", ".join(
             f'{{ name = "n{i + 1}", control = "unix:{sockets}/n{i + 1}.sock" }}'
             for i in range(nodes))
-        with open(cfg, "w") as f:
-            f.write(f"""[node]
-cache_revalidate_ms = {FRESH_MS}
-lfu_aging_interval_ms = {AGING_MS}
-
-[cluster]
-members = [{members}]
-
-[cluster.replication]
-enabled = {"true" if replicate else "false"}
-hot_threshold = {HOT}
-aging_interval_ms = {AGING_MS}
-aging_factor = 0.5
-replica_bytes = {replica_bytes}
-""")
+        write_node_config(cfg, FRESH_MS, AGING_MS, HOT, replica_bytes, replicate, members)
         for i in range(nodes):
             admin = ADMIN + i
             args = [BIN, "--config", cfg, "--log-format", "text", "node",
@@ -272,19 +226,7 @@ def main():
     work = tempfile.mkdtemp(prefix="sim-vs-real-")
     os.makedirs(OUT, exist_ok=True)
     try:
-        trace = os.path.join(work, "trace.log")
-        if WHAT == "synthetic":
-            run([BIN, "trace", "synth", "--preset", "cyclone", "--scale", str(SCALE),
-                 "--requests", str(REQUESTS), "--seed", str(SEED), "--trace", trace])
-            name = f"synthetic-s{SCALE}-r{REQUESTS}"
-        elif WHAT == "real":
-            shutil.copy(LOG, trace)
-            name = "real-" + os.path.basename(LOG).split(".")[0]
-        else:
-            sys.exit(f"usage: sim-vs-real.sh synthetic|real (not {WHAT})")
-        root = os.path.join(work, "root")
-        rj = json.loads(run([BIN, "trace", "root", trace, "--out-root", root, "--json"]))
-        total = rj["bytes"]
+        trace, name, root, total = make_trace(BIN, WHAT, work, SCALE, REQUESTS, SEED, LOG)
         scale = total / BERKELEY_BYTES
         cache_bytes = int(round(100e6 * scale))
         replica_bytes = int(REPLICA_BYTES) if REPLICA_BYTES else int(round(12e6 * scale))
