@@ -10,7 +10,7 @@
 #   bench/cyclone/figs11-13-lab.sh real        # the real log LOG
 #
 # Settings (environment): NODES="1 2 4 8" SYSTEMS="RR CF-LRU CF-LFU SC Cyclone" CLIENTS=38
-# LINK_MBIT=10 SCALE=0.1 REQUESTS=30000 SEED=1 DISK_US=5000 SETTING=static|defaults
+# LINK_MBIT=10 SCALE=0.1 REQUESTS=30000 SEED=1 DISK_US=50000 SETTING=static|defaults
 # BULK_SECS=4 PREFIX=syfig LOG OUT BIN (a switchyard binary; default: the release build, made
 # here). README.md ("Figs. 11-13 on real nodes") says why these values.
 set -euo pipefail

@@ -11,6 +11,7 @@ failure to run.
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -33,7 +34,7 @@ LINK_MBIT = float(env("LINK_MBIT", "10"))
 SCALE = float(env("SCALE", "0.1"))
 REQUESTS = int(env("REQUESTS", "30000"))
 SEED = int(env("SEED", "1"))
-DISK_US = int(env("DISK_US", "5000"))
+DISK_US = int(env("DISK_US", "50000"))
 SETTING = env("SETTING", "static")
 BULK_SECS = float(env("BULK_SECS", "4"))
 PREFIX = env("PREFIX", "syfig")
@@ -173,6 +174,8 @@ def system_args(system, cfg_rep, cfg_norep, cache_bytes):
 
 
 def main():
+    # Stopped by a signal, the labs still come down (the `finally` below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if os.geteuid() != 0:
         sys.exit("figs11-13-lab needs root (network namespaces)")
     if not os.access(BIN, os.X_OK):
