@@ -27,7 +27,61 @@ fn main() {
         steering_entries_leave_in_one_batch_nftables,
         node_killed_after_a_handoff,
         ten_thousand_handed_off_requests,
+        processes_starting_together_mount_one_bpf_file_system,
     ]);
+}
+
+/// Threads that find no BPF file system at the same moment mount one between them, not one
+/// each stacked (pins made in a lower one would be hidden from every later look-up). Twenty
+/// rounds of sixteen threads released together, each round on a fresh directory.
+fn processes_starting_together_mount_one_bpf_file_system() {
+    use std::sync::{Arc, Barrier};
+    use switchyard_handoff::steer::ebpf::ensure_bpffs;
+    let base =
+        std::path::PathBuf::from(format!("/run/switchyard/test-bpffs-{}", std::process::id()));
+    let mounts_at = |dir: &std::path::Path| {
+        let dir = dir.to_string_lossy().into_owned();
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|l| l.split_whitespace().nth(4) == Some(dir.as_str()))
+            .count()
+    };
+    for round in 0..20 {
+        let dir = base.join(round.to_string());
+        let start = Arc::new(Barrier::new(16));
+        let threads: Vec<_> = (0..16)
+            .map(|_| {
+                let (dir, start) = (dir.clone(), start.clone());
+                std::thread::spawn(move || {
+                    std::fs::create_dir_all(&dir).unwrap();
+                    start.wait();
+                    ensure_bpffs(&dir)
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap().expect("ensure_bpffs");
+        }
+        let n = mounts_at(&dir);
+        while mounts_at(&dir) > 0 {
+            let c = std::ffi::CString::new(dir.to_string_lossy().as_bytes()).unwrap();
+            // SAFETY: umount2 of a path this test mounted.
+            assert_eq!(
+                unsafe { libc::umount2(c.as_ptr(), 0) },
+                0,
+                "umount {}",
+                dir.display()
+            );
+        }
+        assert_eq!(
+            n,
+            1,
+            "round {round}: {n} BPF file systems mounted on {}",
+            dir.display()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&base);
 }
 
 fn curl_keepalive_and_pipelined_through_a_handoff() {
