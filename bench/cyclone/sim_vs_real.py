@@ -10,6 +10,7 @@ failure to run.
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
