@@ -11,8 +11,9 @@
 #
 # Settings (environment): NODES="1 2 4 8" SYSTEMS="RR CF-LRU CF-LFU SC Cyclone" CLIENTS=38
 # LINK_MBIT=10 SCALE=0.1 REQUESTS=30000 SEED=1 DISK_US=50000 SETTING=static|defaults
-# BULK_SECS=4 PREFIX=syfig LOG OUT BIN (a switchyard binary; default: the release build, made
-# here). README.md ("Figs. 11-13 on real nodes") says why these values.
+# BULK_SECS=4 PREFIX=syfig LOG OUT REQUEST_LOG_DIR (the clients' per-request logs of each
+# measured pass: issue, first byte, completion) BIN (a switchyard binary; default: the release
+# build, made here). README.md ("Figs. 11-13 on real nodes") says why these values.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ "$(id -u)" -eq 0 ] || { echo "bench/cyclone/figs11-13-lab.sh needs root (network namespaces)" >&2; exit 1; }

@@ -4,8 +4,8 @@ HTTP/1.0 connections through a layer-4 director onto 1, 2, 4 and 8 real nodes wi
 for every system the nodes can run. Run through bench/cyclone/figs11-13-lab.sh, which builds the
 binary and says what the settings are; README.md explains the method.
 
-Exit status: 0 when every run answered every request with 200, 1 when a run had errors, 2 on a
-failure to run.
+Exit status: 0 when every run answered every request with 200, 1 when a run had errors (a
+request timed out, failed or got another status), 2 on a failure to run.
 """
 
 import json
@@ -41,6 +41,9 @@ PREFIX = env("PREFIX", "syfig")
 LOG = env("LOG", "/work/shared/data/usask_1995_excerpt.log")
 OUT = env("OUT", "bench/cyclone/results")
 LOAD_TIMEOUT = env("LOAD_TIMEOUT", "30s")
+# A directory for the clients' per-request logs of the measured pass (`load --request-log`:
+# issue, first byte and completion of every request), one CSV per lab and client host.
+REQUEST_LOG_DIR = os.environ.get("REQUEST_LOG_DIR")
 
 HOT, FRESH_MS, AGING_MS = replication_settings(SETTING)
 KNOWN = {"RR", "CF-LRU", "CF-LFU", "SC", "Cyclone"}
@@ -141,15 +144,19 @@ class Lab:
             per.append({n: counter(m, n) for n in names})
         return per
 
-    def replay(self, shards, conns):
+    def replay(self, shards, conns, log=False):
         procs = []
         for k in range(self.nodes):
             if conns[k] == 0:
                 continue
+            extra = []
+            if log and REQUEST_LOG_DIR:
+                os.makedirs(REQUEST_LOG_DIR, exist_ok=True)
+                extra = ["--request-log", os.path.join(REQUEST_LOG_DIR, f"{self.prefix}-c{k}.csv")]
             procs.append(subprocess.Popen(
                 self.in_client(k, [BIN, "load", f"http://{self.vip}/", "--trace", shards[k],
                                    "-c", str(conns[k]), "--http1.0", "--json", "-q",
-                                   "--timeout", LOAD_TIMEOUT]),
+                                   "--timeout", LOAD_TIMEOUT] + extra),
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         out = []
         for p in procs:
@@ -230,7 +237,7 @@ def main():
                     t0 = time.time()
                     lab.replay(shards, conns)  # the warm-up pass
                     before = lab.snapshot()
-                    res = lab.replay(shards, conns)
+                    res = lab.replay(shards, conns, log=True)
                     after = lab.snapshot()
                 finally:
                     lab.down()
@@ -238,7 +245,8 @@ def main():
                 reqs = sum(r["requests"] for r in res)
                 secs = max(r["duration_s"] for r in res)
                 body = sum(r["body_bytes"] for r in res)
-                errors = sum(r["errors_total"] for r in res) + sum(
+                timeouts = sum(r["timeouts"] for r in res)
+                errors = sum(r["errors_total"] for r in res) + timeouts + sum(
                     v for r in res for s, v in r["status"].items() if not s.startswith("2"))
                 fb = sum(r["first_byte_us"]["mean"] * r["requests"] for r in res) / max(reqs, 1)
                 d = [{key: a[key] - b[key] for key in a} for a, b in zip(after, before)]
@@ -257,7 +265,7 @@ def main():
                     "copies_shipped": tot["switchyard_node_objects_shipped"],
                     "fallbacks": tot["switchyard_node_clone_fallbacks"],
                     "max_bytes_over_mean": max(out_bytes) / mean_out if mean_out else 0.0,
-                    "mean_first_byte_ms": fb / 1000, "errors": errors,
+                    "mean_first_byte_ms": fb / 1000, "errors": errors, "timeouts": timeouts,
                     "wall_s": time.time() - t0,
                 }
                 rows.append(row)
@@ -265,6 +273,7 @@ def main():
                 print(f"{n} nodes {system}: {row['throughput']:.0f} req/s, "
                       f"{row['mbytes_per_sec']:.2f} MB/s, efficiency {row['efficiency']:.3f}, "
                       f"first byte {row['mean_first_byte_ms']:.2f} ms, errors {errors} "
+                      f"(timeouts {timeouts}) "
                       f"({row['wall_s']:.0f} s)", flush=True)
         cols = [("system", "{}"), ("nodes", "{}"), ("throughput", "{:.0f}"),
                 ("mbytes_per_sec", "{:.2f}"), ("bulk_mbytes_per_sec", "{:.2f}"),
@@ -272,7 +281,7 @@ def main():
                 ("replica_hit_rate", "{:.3f}"), ("disk_rate", "{:.3f}"),
                 ("clones_per_request", "{:.3f}"), ("fetches_per_request", "{:.3f}"),
                 ("max_bytes_over_mean", "{:.2f}"), ("mean_first_byte_ms", "{:.2f}"),
-                ("errors", "{:.0f}")]
+                ("errors", "{:.0f}"), ("timeouts", "{:.0f}")]
         table = ["| " + " | ".join(c for c, _ in cols) + " |",
                  "|" + "---|" * len(cols)]
         for r in rows:

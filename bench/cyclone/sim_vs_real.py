@@ -131,8 +131,9 @@ def replay(cluster, trace, clients, requests=None):
         args += ["-n", str(requests)]
     s = json.loads(run(args))
     bad = sum(v for k, v in s["status"].items() if not k.startswith("2"))
-    if s["errors_total"] or bad:
-        raise RuntimeError(f"replay had errors: {s['errors']} status {s['status']}")
+    if s["errors_total"] or s["timeouts"] or bad:
+        raise RuntimeError(f"replay had errors: {s['errors']} timeouts {s['timeouts']} "
+                           f"status {s['status']}")
     return s
 
 
