@@ -12,6 +12,11 @@ BERKELEY_BYTES = 650_000_000  # switchyard_trace::synth::CYCLONE_BYTES
 AGING_MS = 10_000
 
 
+def env(name, default):
+    """A setting from the environment, or its default."""
+    return os.environ.get(name, default)
+
+
 def run(args, **kw):
     """A command's standard output; RuntimeError with the tail of its errors when it fails."""
     r = subprocess.run(args, capture_output=True, text=True, **kw)
@@ -50,8 +55,7 @@ def replication_settings(setting):
         hot, fresh_ms = 200.0, 1_000
     else:
         sys.exit(f"SETTING must be static or defaults, not {setting}")
-    return (float(os.environ.get("HOT", hot)), int(os.environ.get("FRESH_MS", fresh_ms)),
-            int(os.environ.get("AGING_MS", AGING_MS)))
+    return (float(env("HOT", hot)), int(env("FRESH_MS", fresh_ms)), int(env("AGING_MS", AGING_MS)))
 
 
 def make_trace(binary, what, work, scale, requests, seed, log):

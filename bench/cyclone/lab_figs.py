@@ -17,12 +17,8 @@ import sys
 import tempfile
 import time
 
-from cyclone_common import (BERKELEY_BYTES, counter, make_trace, parse_metrics,
+from cyclone_common import (BERKELEY_BYTES, counter, env, make_trace, parse_metrics,
                             replication_settings, run, write_node_config)
-
-
-def env(name, default):
-    return os.environ.get(name, default)
 
 
 BIN = os.path.abspath(env("BIN", "target/release/switchyard"))
@@ -78,8 +74,8 @@ print(n / (time.time() - t0))
 class Lab:
     """One `switchyard lab up` of `nodes` nodes and as many client hosts, links shaped."""
 
-    def __init__(self, work, prefix, nodes, args):
-        self.work, self.prefix, self.nodes = work, prefix, nodes
+    def __init__(self, prefix, nodes, args):
+        self.prefix, self.nodes = prefix, nodes
         self.down()
         run([BIN, "lab", "up", "--prefix", prefix, "--nodes", str(nodes), "--clients", str(nodes),
              "--link-mbit", f"{LINK_MBIT:g}"] + args, timeout=300)
@@ -226,7 +222,7 @@ def main():
             for system in (SYSTEMS[:1] if n == 1 else SYSTEMS):
                 prefix = f"{PREFIX}{n}{system.replace('-', '').lower()[:3]}"
                 args, coop = system_args(system, cfg_rep, cfg_norep, cache_bytes)
-                lab = Lab(work, prefix, n, ["--root", root] + args)
+                lab = Lab(prefix, n, ["--root", root] + args)
                 labs.append(lab)
                 try:
                     lab.wait_ready(coop)

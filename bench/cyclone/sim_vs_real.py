@@ -18,12 +18,8 @@ import tempfile
 import time
 import urllib.request
 
-from cyclone_common import (BERKELEY_BYTES, counter, make_trace, parse_metrics,
+from cyclone_common import (BERKELEY_BYTES, counter, env, make_trace, parse_metrics,
                             replication_settings, run, write_node_config)
-
-
-def env(name, default):
-    return os.environ.get(name, default)
 
 
 BIN = env("BIN", "target/release/switchyard")
