@@ -28,6 +28,7 @@ fn main() {
         handoff_with_nftables_steering,
         randomized_pipelines_across_hosts,
         a_connection_still_sending_is_relayed_rather_than_moved,
+        a_slow_reader_gets_the_whole_response_after_the_node_closes,
         a_switch_started_after_a_sigkill_replaces_its_ebpf_steering,
         a_switch_started_after_a_sigkill_replaces_its_nftables_table,
     ]);
@@ -547,6 +548,150 @@ fn a_connection_still_sending_is_relayed_rather_than_moved() {
     assert_eq!(second, (200, b"small".to_vec()));
     // Neither request moved the connection.
     assert_eq!(lab.metric("switchyard_handoff_repair_total"), moved);
+    assert_eq!(lab.abandoned(), 0.0);
+}
+
+/// A node that has written its last response into a handed-in connection and closed it is not
+/// done with it: the client may not have the response yet, and its acknowledgements and window
+/// updates come through the switch's steering entry. Here the client's window is small and it
+/// reads nothing until the node has queued the whole answer and shut its side down; the
+/// switch's entry would go 1 ms after the node reports the connection closed. The node reports
+/// it only once the client has closed, after reading everything.
+fn a_slow_reader_gets_the_whole_response_after_the_node_closes() {
+    let site = tempfile::tempdir().unwrap();
+    // Larger than the client's window, small enough for the node's send buffer.
+    let big = sample(16 * 1024);
+    std::fs::write(site.path().join("big"), &big).unwrap();
+    std::fs::write(site.path().join("small"), b"small").unwrap();
+    let cfg = site.path().join("switch.toml");
+    std::fs::write(&cfg, "[switch]\nhandoff_linger_ms = 1\n").unwrap();
+    let root = site.path().to_str().unwrap().to_owned();
+    let config = format!("--switch-arg=--config={}", cfg.display());
+    let lab = up('w', &["--root", &root, &config]);
+    lab.wait_for_a_handoff("/small");
+    let entries = "switchyard_handoff_steering_entries";
+    let until = Instant::now() + Duration::from_secs(10);
+    while lab.metric(entries) > 0.0 {
+        assert!(
+            Instant::now() < until,
+            "steering entries stay\n{}",
+            lab.logs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let moved = lab.metric("switchyard_handoff_repair_total");
+    let closed = lab.metric("switchyard_handoff_requests_total");
+
+    let vip = lab.vip();
+    let (ns, _) = lab.host("client0");
+    let (go, read_now) = std::sync::mpsc::channel::<()>();
+    let client = std::thread::spawn(move || {
+        let ns = NetNs::open(&ns).unwrap();
+        let _g = ns.enter().unwrap();
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        // Set before connecting, so that the window offered in the handshake is small.
+        sock.set_recv_buffer_size(2048).unwrap();
+        sock.connect(&vip.into()).unwrap();
+        let mut s: TcpStream = sock.into();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"GET /big HTTP/1.0\r\n\r\n").unwrap();
+        read_now.recv().unwrap();
+        let mut all = Vec::new();
+        let read = s.read_to_end(&mut all);
+        (read.map_err(|e| e.to_string()), all)
+    });
+    // The node has queued the answer and shut its side down, with bytes the client has not
+    // acknowledged: its socket is in FIN-WAIT-1 with a send queue.
+    let vip_port = format!("{vip}");
+    let queued = || {
+        ["node0", "node1"].iter().any(|n| {
+            let (ns, _) = lab.host(n);
+            let out = in_ns(
+                &ns,
+                &["ss", "-Htn", "state", "fin-wait-1", "src", &vip_port],
+            );
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .any(|l| l.split_whitespace().nth(1).is_some_and(|q| q != "0"))
+        })
+    };
+    let until = Instant::now() + Duration::from_secs(10);
+    while !queued() {
+        assert!(
+            Instant::now() < until,
+            "no node queued the answer\n{}",
+            lab.logs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(lab.metric("switchyard_handoff_repair_total"), moved + 1.0);
+    // The switch's gauge of live entries is refreshed on its expiry tick (100 ms): it shows
+    // this connection's entry within a tick. Had the node reported the connection closed, the
+    // entry would go on the first tick after its 1 ms linger: watch it for ten ticks before the
+    // client reads.
+    let node_sockets = || {
+        ["node0", "node1"]
+            .iter()
+            .map(|n| {
+                String::from_utf8_lossy(&in_ns(&lab.host(n).0, &["ss", "-tnoi"]).stdout)
+                    .into_owned()
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let until = Instant::now() + Duration::from_secs(10);
+    while lab.metric(entries) < 1.0 {
+        assert!(
+            Instant::now() < until,
+            "the switch never showed the connection's steering entry\n{}\n{}\n{}",
+            lab.switch_metrics(),
+            node_sockets(),
+            lab.logs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let until = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < until {
+        assert_eq!(
+            lab.metric(entries),
+            1.0,
+            "the steering entry went while the client had not the whole response\n{}\n{}\n{}",
+            lab.switch_metrics(),
+            node_sockets(),
+            lab.logs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    go.send(()).unwrap();
+    let (read, all) = client.join().unwrap();
+    assert!(
+        read.is_ok(),
+        "{read:?} after {} bytes\n{}",
+        all.len(),
+        lab.logs()
+    );
+    let text = String::from_utf8_lossy(&all);
+    assert!(
+        text.starts_with("HTTP/1.0 200") || text.starts_with("HTTP/1.1 200"),
+        "{text:.200}"
+    );
+    assert!(
+        all.ends_with(&big),
+        "the body is not whole: {} bytes in all",
+        all.len()
+    );
+    // Once the client has closed, so does the node, and the entry goes.
+    let until = Instant::now() + Duration::from_secs(10);
+    while lab.metric(entries) > 0.0 || lab.metric("switchyard_handoff_requests_total") <= closed {
+        assert!(
+            Instant::now() < until,
+            "the node never reported the connection closed\n{}\n{}",
+            lab.switch_metrics(),
+            lab.logs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert_eq!(lab.abandoned(), 0.0);
 }
 

@@ -156,6 +156,18 @@ pub(crate) trait Router: Send {
 
     /// Everything produced so far has been written to the client.
     fn flushed(&mut self);
+
+    /// Whether the client's packets reach this host only through another host's steering
+    /// entry (a connection restored here with `TCP_REPAIR`), which that host removes soon
+    /// after this one reports the connection closed. A close then shuts down the sending side
+    /// and waits for the client's own close, up to the send timeout, before the loop ends: a
+    /// response written into the socket is not yet received, and the client's
+    /// acknowledgements and window updates for its tail must still find this host. Closed at
+    /// once, the report would let the entry go while they are on their way, and the client
+    /// would wait for the rest for ever.
+    fn steered(&self) -> bool {
+        false
+    }
 }
 
 /// The router of an ordinary accepted connection: there is none.
@@ -872,10 +884,16 @@ impl<R: Router> Conn<'_, R> {
         if self.flush().await.is_err() {
             return End::Broken;
         }
-        if !self.buf.is_empty() {
+        if !self.buf.is_empty() || self.steered() {
             self.linger().await;
         }
         End::Quiet
+    }
+
+    /// Whether the router says the connection's packets come through another host's
+    /// steering ([`Router::steered`]).
+    fn steered(&self) -> bool {
+        self.router.as_ref().is_some_and(|r| r.steered())
     }
 
     /// Parse the next request head, reading (and flushing) as needed.
@@ -1300,9 +1318,15 @@ impl<R: Router> Conn<'_, R> {
 
     /// Close the sending side, then read and drop what the client still
     /// sends for a moment, so that our last response is not destroyed by a
-    /// reset caused by unread data (a "lingering close").
+    /// reset caused by unread data (a "lingering close"). A steered connection
+    /// ([`Router::steered`]) waits for the client's close up to the send timeout.
     async fn linger(&mut self) {
-        switchyard_runtime::close::linger(&mut self.stream).await;
+        if self.steered() {
+            let until = tokio::time::Instant::now() + self.ctx.send_timeout;
+            switchyard_runtime::close::linger_until(&mut self.stream, until).await;
+        } else {
+            switchyard_runtime::close::linger(&mut self.stream).await;
+        }
     }
 }
 
@@ -1381,6 +1405,98 @@ mod tests {
             assert_eq!(stats.requests, 2);
             assert_eq!(stats.bytes, all.len() as u64);
         });
+    }
+
+    /// Serves every request here; `steered` as given.
+    struct Here {
+        steered: bool,
+    }
+
+    impl super::Router for Here {
+        fn asks(&self) -> bool {
+            false
+        }
+
+        async fn route(&mut self, _: &super::RequestHead) -> super::Step {
+            super::Step::Local { dispatched: false }
+        }
+
+        fn answered(&mut self, _: u16, _: u64) {}
+
+        fn flushed(&mut self) {}
+
+        fn steered(&self) -> bool {
+            self.steered
+        }
+    }
+
+    /// One HTTP/1.0 request on a routed connection, read to the end by the client (the
+    /// response and the server's FIN); the task serving it, and the client's socket.
+    async fn answered_once(
+        steered: bool,
+    ) -> (
+        tokio::task::JoinHandle<super::Outcome>,
+        tokio::net::TcpStream,
+        Vec<u8>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.txt"), b"alpha").unwrap();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = tokio::net::TcpStream::connect(l.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = l.accept().await.unwrap();
+        let ctx = ctx(dir.path());
+        let task = tokio::spawn(async move {
+            let _dir = dir;
+            let (_tx, rx) = tokio::sync::watch::channel(false);
+            let mut router = Here { steered };
+            let pre = bytes::BytesMut::new();
+            super::serve_routed(&ctx, server, rx, pre, &mut router).await
+        });
+        client.write_all(b"GET /a.txt HTTP/1.0\r\n\r\n").await.unwrap();
+        let mut all = Vec::new();
+        client.read_to_end(&mut all).await.unwrap();
+        assert!(all.ends_with(b"alpha"), "{all:?}");
+        (task, client, all)
+    }
+
+    /// A connection restored with `TCP_REPAIR` (its client's packets come through another
+    /// host's steering entry, which goes once the loop ends and the end is reported) ends only
+    /// when its client has closed too, after it has the whole response; an ordinary one ends
+    /// at once. On tokio's paused clock: a client that never closes is cut off at the send
+    /// timeout.
+    #[tokio::test(start_paused = true)]
+    async fn a_steered_connection_ends_after_its_client_closes() {
+        // Ordinary: ended without the client closing.
+        let (task, _client, _) = answered_once(false).await;
+        let out = tokio::time::timeout(Duration::from_secs(1), task).await;
+        assert!(matches!(out, Ok(Ok(super::Outcome::Closed(_)))));
+
+        // Steered: still open a (virtual) second after the client had everything...
+        let (mut task, client, all) = answered_once(true).await;
+        let started = tokio::time::Instant::now();
+        let early = tokio::time::timeout(Duration::from_secs(1), &mut task).await;
+        assert!(early.is_err(), "the loop ended before its client closed");
+        // ... and ended once the client closes, well before the send timeout.
+        drop(client);
+        let Ok(super::Outcome::Closed(stats)) = task.await else {
+            panic!("the connection closed after its one request");
+        };
+        assert_eq!((stats.requests, stats.bytes), (1, all.len() as u64));
+        assert!(started.elapsed() < Duration::from_secs(5));
+
+        // A client that never closes: cut off at the send timeout (5 s here).
+        let (task, _client, _) = answered_once(true).await;
+        let started = tokio::time::Instant::now();
+        let out = task.await;
+        assert!(matches!(out, Ok(super::Outcome::Closed(_))));
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_secs(5) && waited < Duration::from_secs(6),
+            "{waited:?}"
+        );
     }
 
     /// A connection waiting in its task (for the parking delay, or busy)

@@ -674,7 +674,8 @@ impl Receiver {
         permit: OwnedSemaphorePermit,
     ) {
         let mut dispatch = Dispatch::new(id, route, ctl.clone(), self.ctx.metrics.clone())
-            .replicating(self.ctx.replication.clone(), self.ctx.store.clone());
+            .replicating(self.ctx.replication.clone(), self.ctx.store.clone())
+            .steered(kind == Kind::Repair);
         let mut total = ConnStats::default();
         // A clone (one request, then the connection goes back to its entry node) is not this
         // node's to close when it drains: it is answered as its client asked, and handed back.
@@ -879,6 +880,8 @@ pub(crate) struct Dispatch {
     served: Option<(u16, u64, bool)>,
     /// Whether the response about to be reported came from the memory cache.
     hit: bool,
+    /// Restored with `TCP_REPAIR`: the client's packets come through the sender's steering.
+    steered: bool,
 }
 
 impl Dispatch {
@@ -899,7 +902,15 @@ impl Dispatch {
             served: None,
             replicate: None,
             hit: false,
+            steered: false,
         }
+    }
+
+    /// A connection restored here with `TCP_REPAIR`, whose client's packets reach this node
+    /// through the sender's steering entry ([`Router::steered`]).
+    pub(crate) fn steered(mut self, steered: bool) -> Self {
+        self.steered = steered;
+        self
     }
 
     /// A clone served by its owner: counts its request as the owner's reference and, once it
@@ -1016,6 +1027,10 @@ impl Router for Dispatch {
 
     fn cache_hit(&mut self, hit: bool) {
         self.hit = hit;
+    }
+
+    fn steered(&self) -> bool {
+        self.steered
     }
 
     /// Everything produced has been written: report a pending response.
