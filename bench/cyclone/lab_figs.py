@@ -140,6 +140,14 @@ class Lab:
             per.append({n: counter(m, n) for n in names})
         return per
 
+    def save_metrics(self, into):
+        """Every node's whole /metrics text, beside the request logs, for a closer look."""
+        for k in range(self.nodes):
+            text = run(self.in_client(0, ["curl", "-s", "-m", "5",
+                                          f"http://{self.node_ip[k]}:9080/metrics"]), timeout=20)
+            with open(os.path.join(into, f"{self.prefix}-node{k}.metrics"), "w") as f:
+                f.write(text)
+
     def replay(self, shards, conns, log=False):
         procs = []
         for k in range(self.nodes):
@@ -235,6 +243,8 @@ def main():
                     before = lab.snapshot()
                     res = lab.replay(shards, conns, log=True)
                     after = lab.snapshot()
+                    if REQUEST_LOG_DIR:
+                        lab.save_metrics(REQUEST_LOG_DIR)
                 finally:
                     lab.down()
                     labs.remove(lab)
