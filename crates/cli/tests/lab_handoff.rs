@@ -509,27 +509,12 @@ fn a_connection_still_sending_is_relayed_rather_than_moved() {
     let before = lab.metric(still);
     let moved = lab.metric("switchyard_handoff_repair_total");
 
-    let vip = lab.vip();
-    let (ns, _) = lab.host("client0");
-    let (go, read_now) = std::sync::mpsc::channel::<()>();
-    let client = std::thread::spawn(move || {
-        let ns = NetNs::open(&ns).unwrap();
-        let _g = ns.enter().unwrap();
-        let sock =
-            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-        // Set before connecting, so that the window offered in the handshake is small.
-        sock.set_recv_buffer_size(2048).unwrap();
-        sock.connect(&vip.into()).unwrap();
-        let mut s: TcpStream = sock.into();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(
-            b"GET /big HTTP/1.1\r\nHost: t\r\nContent-Length: 1\r\n\r\nxGET /small HTTP/1.1\r\nHost: t\r\n\r\n",
-        )
-        .unwrap();
-        read_now.recv().unwrap();
+    let request: &[u8] =
+        b"GET /big HTTP/1.1\r\nHost: t\r\nContent-Length: 1\r\n\r\nxGET /small HTTP/1.1\r\nHost: t\r\n\r\n";
+    let (go, client) = slow_reader(&lab, request, |s| {
         let mut buf = Vec::new();
-        let first = read_one(&mut s, &mut buf).unwrap();
-        let second = read_one(&mut s, &mut buf).unwrap();
+        let first = read_one(s, &mut buf).unwrap();
+        let second = read_one(s, &mut buf).unwrap();
         (first, second)
     });
     let until = Instant::now() + Duration::from_secs(10);
@@ -582,28 +567,14 @@ fn a_slow_reader_gets_the_whole_response_after_the_node_closes() {
     let moved = lab.metric("switchyard_handoff_repair_total");
     let closed = lab.metric("switchyard_handoff_requests_total");
 
-    let vip = lab.vip();
-    let (ns, _) = lab.host("client0");
-    let (go, read_now) = std::sync::mpsc::channel::<()>();
-    let client = std::thread::spawn(move || {
-        let ns = NetNs::open(&ns).unwrap();
-        let _g = ns.enter().unwrap();
-        let sock =
-            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-        // Set before connecting, so that the window offered in the handshake is small.
-        sock.set_recv_buffer_size(2048).unwrap();
-        sock.connect(&vip.into()).unwrap();
-        let mut s: TcpStream = sock.into();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(b"GET /big HTTP/1.0\r\n\r\n").unwrap();
-        read_now.recv().unwrap();
+    let (go, client) = slow_reader(&lab, b"GET /big HTTP/1.0\r\n\r\n", |s| {
         let mut all = Vec::new();
         let read = s.read_to_end(&mut all);
         (read.map_err(|e| e.to_string()), all)
     });
     // The node has queued the answer and shut its side down, with bytes the client has not
     // acknowledged: its socket is in FIN-WAIT-1 with a send queue.
-    let vip_port = format!("{vip}");
+    let vip_port = lab.vip().to_string();
     let queued = || {
         ["node0", "node1"].iter().any(|n| {
             let (ns, _) = lab.host(n);
@@ -693,6 +664,33 @@ fn a_slow_reader_gets_the_whole_response_after_the_node_closes() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(lab.abandoned(), 0.0);
+}
+
+/// A client on client0 whose receive window is small: it connects to the VIP, sends `request`,
+/// and reads nothing until it is told to go (the returned sender), then runs `read`.
+fn slow_reader<T: Send + 'static>(
+    lab: &Lab,
+    request: &'static [u8],
+    read: impl FnOnce(&mut TcpStream) -> T + Send + 'static,
+) -> (std::sync::mpsc::Sender<()>, std::thread::JoinHandle<T>) {
+    let vip = lab.vip();
+    let (ns, _) = lab.host("client0");
+    let (go, read_now) = std::sync::mpsc::channel::<()>();
+    let client = std::thread::spawn(move || {
+        let ns = NetNs::open(&ns).unwrap();
+        let _g = ns.enter().unwrap();
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        // Set before connecting, so that the window offered in the handshake is small.
+        sock.set_recv_buffer_size(2048).unwrap();
+        sock.connect(&vip.into()).unwrap();
+        let mut s: TcpStream = sock.into();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(request).unwrap();
+        read_now.recv().unwrap();
+        read(&mut s)
+    });
+    (go, client)
 }
 
 /// `cmd` run in namespace `ns` (`ip netns exec`).

@@ -1455,7 +1455,10 @@ mod tests {
             let pre = bytes::BytesMut::new();
             super::serve_routed(&ctx, server, rx, pre, &mut router).await
         });
-        client.write_all(b"GET /a.txt HTTP/1.0\r\n\r\n").await.unwrap();
+        client
+            .write_all(b"GET /a.txt HTTP/1.0\r\n\r\n")
+            .await
+            .unwrap();
         let mut all = Vec::new();
         client.read_to_end(&mut all).await.unwrap();
         assert!(all.ends_with(b"alpha"), "{all:?}");
