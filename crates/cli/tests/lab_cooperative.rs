@@ -28,12 +28,17 @@ fn main() {
         hot_targets_are_copied_to_the_entry_node,
         many_cloned_requests_without_an_error,
         a_clone_answered_late_across_hosts_is_never_served_twice,
+        a_slow_reader_of_a_clone_gets_the_whole_response,
     ]);
 }
 
 const NODES: usize = 3;
 const TARGETS: usize = 30;
 const BIG: usize = 5 * 1024 * 1024;
+/// Files `/sN.bin` of [`MID`] bytes, for a client that reads slowly.
+const MIDS: usize = 8;
+/// Larger than a small client window, small enough for the owner's send buffer.
+const MID: usize = 16 * 1024;
 /// Connections [`Lab::owners`] learns the owner map through, each asking for every target.
 const OWNER_CONNS: usize = 6;
 /// Requests [`Lab::owners`] sends.
@@ -44,6 +49,13 @@ fn big(i: usize) -> Vec<u8> {
     (0..BIG)
         .map(|k| ((k as u32).wrapping_mul(2_654_435_761) >> 24) as u8 ^ (i as u8 + 1))
         .collect()
+}
+
+/// Node `i`'s `/sM.bin`: its name, then dots up to [`MID`] bytes.
+fn mid(i: usize, m: usize) -> Vec<u8> {
+    let mut v = format!("n{i}:s{m}:").into_bytes();
+    v.resize(MID, b'.');
+    v
 }
 
 /// A cooperative lab of [`NODES`] nodes, each with a document root whose files name it,
@@ -60,6 +72,9 @@ fn up(tag: char) -> Lab {
                     std::fs::write(root.join(format!("t{t}.txt")), format!("n{i}:t{t}")).unwrap();
                 }
                 std::fs::write(root.join("big.bin"), big(i)).unwrap();
+                for m in 0..MIDS {
+                    std::fs::write(root.join(format!("s{m}.bin")), mid(i, m)).unwrap();
+                }
             }
             let roots = dir.join("roots/{node}");
             vec!["--root".into(), roots.to_str().unwrap().to_owned()]
@@ -724,4 +739,142 @@ fn a_clone_answered_late_across_hosts_is_never_served_twice() {
         .map(|i| lab.metric(i, "switchyard_node_clones_lost_total"))
         .sum();
     assert_eq!(lost - lost0, 1.0, "the unanswered clone was abandoned");
+}
+
+/// The owner of a clone that has written its answer and shut its side down is not done with
+/// the connection: the client may not have the answer yet, and its acknowledgements and window
+/// updates reach the owner only through the entry node's steering entry, which goes 2 s after
+/// the owner reports the clone closed. Here the client's window is small and it reads nothing
+/// until the owner has queued the whole answer and shut down, and for longer than that linger
+/// after; it still gets every byte, and the entry goes only once it has closed.
+fn a_slow_reader_of_a_clone_gets_the_whole_response() {
+    let lab = up('w');
+    let vip = lab.vip();
+    // Who owns each /sM.bin, from the bodies.
+    let owners: Vec<usize> = lab.on_client(move || {
+        (0..MIDS)
+            .map(|m| {
+                let (status, body) = get_once(vip, &format!("/s{m}.bin")).unwrap();
+                assert_eq!((status, body.len()), (200, MID));
+                let text = String::from_utf8_lossy(&body[..8]).into_owned();
+                let who = text.strip_prefix('n').and_then(|r| r.split(':').next());
+                who.and_then(|n| n.parse().ok())
+                    .unwrap_or_else(|| panic!("odd body {text:?}"))
+            })
+            .collect()
+    });
+    // Those clones' entries linger for the FIN exchange: let them go first.
+    let entries = "switchyard_node_cluster_steering_entries";
+    let until = Instant::now() + Duration::from_secs(10);
+    for i in 0..NODES {
+        while lab.metric(i, entries) > 0.0 {
+            assert!(
+                Instant::now() < until,
+                "node{i}'s entries stay\n{}",
+                lab.logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let (ns, _) = lab.host("client0");
+    let (ask_tx, ask) = std::sync::mpsc::channel::<Vec<u8>>();
+    let (port_tx, port) = std::sync::mpsc::channel::<u16>();
+    let (go, read_now) = std::sync::mpsc::channel::<()>();
+    let client = std::thread::spawn(move || {
+        let _g = NetNs::open(&ns).unwrap().enter().unwrap();
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        // Set before connecting, so that the window offered in the handshake is small.
+        sock.set_recv_buffer_size(2048).unwrap();
+        sock.connect(&vip.into()).unwrap();
+        let mut s: TcpStream = sock.into();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        port_tx.send(s.local_addr().unwrap().port()).unwrap();
+        s.write_all(&ask.recv().unwrap()).unwrap();
+        read_now.recv().unwrap();
+        let mut all = Vec::new();
+        let read = s.read_to_end(&mut all);
+        (read.map_err(|e| e.to_string()), all)
+    });
+    // The entry node is the one holding the client's connection; ask for a file another owns.
+    let port = port.recv().unwrap();
+    let sockets = |i: usize, args: &[&str]| -> String {
+        let (ns, _) = lab.host(&format!("node{i}"));
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &ns, "ss", "-Htn"])
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let dport = format!(":{port}");
+    let entry = (0..NODES)
+        .find(|&i| {
+            !sockets(i, &["state", "established", "dport", "=", &dport])
+                .trim()
+                .is_empty()
+        })
+        .expect("a node holds the client's connection");
+    let m = (0..MIDS)
+        .find(|&m| owners[m] != entry)
+        .expect("a file another node owns");
+    let owner = owners[m];
+    ask_tx
+        .send(format!("GET /s{m}.bin HTTP/1.0\r\n\r\n").into_bytes())
+        .unwrap();
+    // The owner has queued the answer and shut its side down, with bytes the client has not
+    // acknowledged: its restored socket is in FIN-WAIT-1 with a send queue.
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting = sockets(owner, &["state", "fin-wait-1", "dport", "=", &dport]);
+        if waiting
+            .lines()
+            .any(|l| l.split_whitespace().nth(1).is_some_and(|q| q != "0"))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "node{owner} never queued the answer to /s{m}.bin\n{}",
+            lab.logs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(lab.metric(entry, entries), 1.0, "{}", lab.logs());
+    // Had the owner reported the clone closed, the entry would go 2 s later (and within the
+    // entry node's 100 ms expiry tick): watch it for longer than that before the client reads.
+    let until = Instant::now() + Duration::from_millis(2500);
+    while Instant::now() < until {
+        assert_eq!(
+            lab.metric(entry, entries),
+            1.0,
+            "node{entry}'s steering entry went while the client had not the whole answer\n{}",
+            lab.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    go.send(()).unwrap();
+    let (read, all) = client.join().unwrap();
+    assert!(
+        read.is_ok(),
+        "{read:?} after {} bytes\n{}",
+        all.len(),
+        lab.logs()
+    );
+    assert!(
+        all.ends_with(&mid(owner, m)),
+        "not node{owner}'s whole /s{m}.bin: {} bytes in all",
+        all.len()
+    );
+    // Once the client has closed, so has the owner, and the entry goes.
+    let until = Instant::now() + Duration::from_secs(10);
+    while lab.metric(entry, entries) > 0.0 {
+        assert!(
+            Instant::now() < until,
+            "node{entry}'s steering entry stays after the clone closed\n{}",
+            lab.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(lab.metric(entry, "switchyard_node_clones_lost_total"), 0.0);
 }

@@ -1589,6 +1589,17 @@ impl prometheus_client::collector::Collector for ClusterCollector {
             "Requests cloned to their owners and not finished yet",
             c.stats.outstanding.load(Relaxed) as i64,
         )?;
+        if let Some(t) = &c.steering {
+            // Counted at each scrape (for eBPF steering a read of the program's counter),
+            // not on every clone.
+            gauge(
+                &mut enc,
+                "switchyard_node_cluster_steering_entries",
+                "Steering entries on this node: connections cloned to another host, and those \
+                 lingering after their end",
+                t.live() as i64,
+            )?;
+        }
         counter(
             &mut enc,
             "switchyard_node_cluster_owned_requests",
