@@ -296,14 +296,20 @@ pub struct CoopConfig {
     /// (`bench/cyclone/sim-vs-real.sh`); otherwise the clients go on from one replay to the
     /// next without a pause, and the measured one starts with the queues the last one left.
     pub separate_passes: bool,
+    /// The number in the first member's name: `n1` as `switchyard demo --cooperative` names
+    /// its members (the default), `n0` as `switchyard lab up --cooperative` does. The owner map
+    /// hashes the names, so a simulation compared with a real cluster must name its members as
+    /// that cluster does, or it draws another map (other owners for the hot objects).
+    pub first_member: u32,
 }
 
 /// The node's default `cache_max_object_bytes`.
 pub const NODE_CACHE_MAX_OBJECT_BYTES: u64 = 1024 * 1024;
 
-/// Member names of the simulated cluster, as `switchyard demo --cooperative` names them.
-pub fn member_name(i: u32) -> String {
-    format!("n{}", i + 1)
+/// The name of member `i` (from 0) of a simulated cluster whose first member's name carries
+/// the number `first` ([`CoopConfig::first_member`]).
+pub fn member_name(first: u32, i: u32) -> String {
+    format!("n{}", first + i)
 }
 
 /// A member's id in the owner map: FNV-1a of its name.
@@ -365,6 +371,7 @@ impl CoopConfig {
             clients: 38,
             warmup_passes: 1,
             separate_passes: false,
+            first_member: 1,
         }
     }
 
@@ -455,7 +462,7 @@ pub struct CoopCompletion {
 /// Figures of one node over the measurement window.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CoopNode {
-    /// Node index (member `n{node+1}`).
+    /// Node index (member `n{node + first_member}`, [`CoopConfig::first_member`]).
     pub node: u32,
     /// Client connections that reached it.
     pub connections: u64,
@@ -923,7 +930,7 @@ fn at(ns: Nanos) -> Duration {
 impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
     fn new(cfg: &'a CoopConfig, w: &'a SimWorkload, observe: F) -> Result<Self, SimError> {
         let specs: Vec<NodeSpec> = (0..cfg.nodes)
-            .map(|i| NodeSpec::new(member_id(&member_name(i)).0))
+            .map(|i| NodeSpec::new(member_id(&member_name(cfg.first_member, i)).0))
             .collect();
         let mut index = HashMap::new();
         for (i, s) in specs.iter().enumerate() {
@@ -1643,7 +1650,7 @@ impl<'a, F: FnMut(CoopCompletion)> Coop<'a, F> {
             )
         };
         if let Some(c) = chosen {
-            let id = NodeId(member_id(&member_name(c)).0);
+            let id = NodeId(member_id(&member_name(self.cfg.first_member, c)).0);
             self.nodes[entry as usize].owners.post_request(
                 conn,
                 id,
@@ -1974,7 +1981,8 @@ mod tests {
         assert_eq!(member_id("").0, 0x811c_9dc5);
         assert_eq!(member_id("a").0, 0xe40c_292c);
         assert_eq!(member_id("foobar").0, 0xbf9c_f968);
-        assert_eq!(member_name(0), "n1");
+        assert_eq!(member_name(1, 0), "n1");
+        assert_eq!(member_name(0, 7), "n7");
     }
 
     #[test]
@@ -2139,6 +2147,22 @@ mod tests {
         cfg.cache_max_object_bytes = u64::MAX;
         let r = simulate_coop(&cfg, &w).unwrap();
         assert_eq!(r.pass.disk_rate, 0.0, "{:?}", r.pass);
+    }
+
+    /// The owner map hashes the members' names: the same cluster named from `n0` (the lab's
+    /// names) or from `n1` (the demo's) gives its objects other owners, and so other nodes
+    /// their bytes; a simulation compared with a real cluster must use that cluster's names.
+    #[test]
+    fn members_named_from_another_number_draw_another_owner_map() {
+        let w = tiny();
+        let mut from0 = CoopConfig::new(4, System::Sc);
+        from0.first_member = 0;
+        let a = simulate_coop(&from0, &w).unwrap();
+        let again = simulate_coop(&from0, &w).unwrap();
+        let b = simulate_coop(&CoopConfig::new(4, System::Sc), &w).unwrap();
+        let bytes = |r: &CoopResult| r.per_node.iter().map(|n| n.bytes_out).collect::<Vec<_>>();
+        assert_eq!(bytes(&a), bytes(&again), "one naming, one map");
+        assert_ne!(bytes(&a), bytes(&b), "other names, the same map");
     }
 
     #[test]

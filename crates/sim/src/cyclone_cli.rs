@@ -128,6 +128,11 @@ pub struct CycloneArgs {
     /// clients go on without a pause).
     #[arg(long)]
     pub separate_passes: bool,
+    /// The number in the first member's name: 1 (`n1`, `n2`, …) as `switchyard demo
+    /// --cooperative` names its members, 0 as `switchyard lab up --cooperative` does. The
+    /// owner map hashes the names: compare with a real cluster under its own names.
+    #[arg(long, default_value_t = 1)]
+    pub first_member: u32,
     /// Worker threads (0: one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -206,6 +211,7 @@ fn config(a: &CycloneArgs, scale: f64) -> Result<CoopConfig, SimError> {
     c.shared_disk = !a.private_disks;
     c.warmup_passes = a.warmup_passes;
     c.separate_passes = a.separate_passes;
+    c.first_member = a.first_member;
     c.validate()?;
     Ok(c)
 }
