@@ -19,7 +19,7 @@ use switchyard_testkit::http::{get_once, read_response};
 use switchyard_testkit::root;
 
 mod lab_support;
-use lab_support::Lab;
+use lab_support::{read_all, Lab, SlowReader};
 
 fn main() {
     root::main(root::tests![
@@ -776,28 +776,9 @@ fn a_slow_reader_of_a_clone_gets_the_whole_response() {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
-    let (ns, _) = lab.host("client0");
-    let (ask_tx, ask) = std::sync::mpsc::channel::<Vec<u8>>();
-    let (port_tx, port) = std::sync::mpsc::channel::<u16>();
-    let (go, read_now) = std::sync::mpsc::channel::<()>();
-    let client = std::thread::spawn(move || {
-        let _g = NetNs::open(&ns).unwrap().enter().unwrap();
-        let sock =
-            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-        // Set before connecting, so that the window offered in the handshake is small.
-        sock.set_recv_buffer_size(2048).unwrap();
-        sock.connect(&vip.into()).unwrap();
-        let mut s: TcpStream = sock.into();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        port_tx.send(s.local_addr().unwrap().port()).unwrap();
-        s.write_all(&ask.recv().unwrap()).unwrap();
-        read_now.recv().unwrap();
-        let mut all = Vec::new();
-        let read = s.read_to_end(&mut all);
-        (read.map_err(|e| e.to_string()), all)
-    });
+    let client = SlowReader::connect(&lab, read_all);
     // The entry node is the one holding the client's connection; ask for a file another owns.
-    let port = port.recv().unwrap();
+    let port = client.port;
     let sockets = |i: usize, args: &[&str]| -> String {
         let (ns, _) = lab.host(&format!("node{i}"));
         let out = std::process::Command::new("ip")
@@ -819,9 +800,7 @@ fn a_slow_reader_of_a_clone_gets_the_whole_response() {
         .find(|&m| owners[m] != entry)
         .expect("a file another node owns");
     let owner = owners[m];
-    ask_tx
-        .send(format!("GET /s{m}.bin HTTP/1.0\r\n\r\n").into_bytes())
-        .unwrap();
+    client.ask(format!("GET /s{m}.bin HTTP/1.0\r\n\r\n").as_bytes());
     // The owner has queued the answer and shut its side down, with bytes the client has not
     // acknowledged: its restored socket is in FIN-WAIT-1 with a send queue.
     let until = Instant::now() + Duration::from_secs(10);
@@ -853,8 +832,7 @@ fn a_slow_reader_of_a_clone_gets_the_whole_response() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    go.send(()).unwrap();
-    let (read, all) = client.join().unwrap();
+    let (read, all) = client.read();
     assert!(
         read.is_ok(),
         "{read:?} after {} bytes\n{}",

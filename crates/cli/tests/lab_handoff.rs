@@ -14,12 +14,11 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use switchyard_handoff::netns::NetNs;
 use switchyard_testkit::http::{get_once, read_response};
 use switchyard_testkit::{pipeline, root};
 
 mod lab_support;
-use lab_support::Lab;
+use lab_support::{read_all, Lab, SlowReader};
 
 fn main() {
     root::main(root::tests![
@@ -511,12 +510,13 @@ fn a_connection_still_sending_is_relayed_rather_than_moved() {
 
     let request: &[u8] =
         b"GET /big HTTP/1.1\r\nHost: t\r\nContent-Length: 1\r\n\r\nxGET /small HTTP/1.1\r\nHost: t\r\n\r\n";
-    let (go, client) = slow_reader(&lab, request, |s| {
+    let client = SlowReader::connect(&lab, |s| {
         let mut buf = Vec::new();
         let first = read_one(s, &mut buf).unwrap();
         let second = read_one(s, &mut buf).unwrap();
         (first, second)
     });
+    client.ask(request);
     let until = Instant::now() + Duration::from_secs(10);
     while lab.metric(still) <= before {
         assert!(
@@ -527,8 +527,7 @@ fn a_connection_still_sending_is_relayed_rather_than_moved() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    go.send(()).unwrap();
-    let (first, second) = client.join().unwrap();
+    let (first, second) = client.read();
     assert_eq!(first, (200, big));
     assert_eq!(second, (200, b"small".to_vec()));
     // Neither request moved the connection.
@@ -567,11 +566,8 @@ fn a_slow_reader_gets_the_whole_response_after_the_node_closes() {
     let moved = lab.metric("switchyard_handoff_repair_total");
     let closed = lab.metric("switchyard_handoff_requests_total");
 
-    let (go, client) = slow_reader(&lab, b"GET /big HTTP/1.0\r\n\r\n", |s| {
-        let mut all = Vec::new();
-        let read = s.read_to_end(&mut all);
-        (read.map_err(|e| e.to_string()), all)
-    });
+    let client = SlowReader::connect(&lab, read_all);
+    client.ask(b"GET /big HTTP/1.0\r\n\r\n");
     // The node has queued the answer and shut its side down, with bytes the client has not
     // acknowledged: its socket is in FIN-WAIT-1 with a send queue.
     let vip_port = lab.vip().to_string();
@@ -634,8 +630,7 @@ fn a_slow_reader_gets_the_whole_response_after_the_node_closes() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    go.send(()).unwrap();
-    let (read, all) = client.join().unwrap();
+    let (read, all) = client.read();
     assert!(
         read.is_ok(),
         "{read:?} after {} bytes\n{}",
@@ -664,33 +659,6 @@ fn a_slow_reader_gets_the_whole_response_after_the_node_closes() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(lab.abandoned(), 0.0);
-}
-
-/// A client on client0 whose receive window is small: it connects to the VIP, sends `request`,
-/// and reads nothing until it is told to go (the returned sender), then runs `read`.
-fn slow_reader<T: Send + 'static>(
-    lab: &Lab,
-    request: &'static [u8],
-    read: impl FnOnce(&mut TcpStream) -> T + Send + 'static,
-) -> (std::sync::mpsc::Sender<()>, std::thread::JoinHandle<T>) {
-    let vip = lab.vip();
-    let (ns, _) = lab.host("client0");
-    let (go, read_now) = std::sync::mpsc::channel::<()>();
-    let client = std::thread::spawn(move || {
-        let ns = NetNs::open(&ns).unwrap();
-        let _g = ns.enter().unwrap();
-        let sock =
-            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-        // Set before connecting, so that the window offered in the handshake is small.
-        sock.set_recv_buffer_size(2048).unwrap();
-        sock.connect(&vip.into()).unwrap();
-        let mut s: TcpStream = sock.into();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(request).unwrap();
-        read_now.recv().unwrap();
-        read(&mut s)
-    });
-    (go, client)
 }
 
 /// `cmd` run in namespace `ns` (`ip netns exec`).

@@ -1,14 +1,18 @@
 //! The lab as the root suites drive it (`lab_handoff`, `lab_cooperative`): `switchyard lab up`
 //! with a state directory of its own, the status it reports (hosts, addresses, processes),
 //! closures run inside a host's namespace, the processes' logs for failure messages, and
-//! `switchyard lab down` when the test ends, however it ends. Each suite adds what it reads
-//! of its own processes (a switch's or the nodes' metrics) in an `impl Lab` of its own.
+//! `switchyard lab down` when the test ends, however it ends, and a client that reads slowly
+//! ([`SlowReader`]). Each suite adds what it reads of its own processes (a switch's or the
+//! nodes' metrics) in an `impl Lab` of its own.
 
 #![allow(dead_code)] // each suite uses part of it
 
-use std::net::SocketAddr;
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::Command;
+use std::sync::mpsc;
+use std::time::Duration;
 
 use switchyard_handoff::netns::NetNs;
 
@@ -139,5 +143,67 @@ impl Lab {
 impl Drop for Lab {
     fn drop(&mut self) {
         let _ = self.lab(&["down"]);
+    }
+}
+
+/// Reads `s` to its end: the bytes, and how the reading ended.
+pub fn read_all(s: &mut TcpStream) -> (Result<usize, String>, Vec<u8>) {
+    use std::io::Read;
+    let mut all = Vec::new();
+    let read = s.read_to_end(&mut all).map_err(|e| e.to_string());
+    (read, all)
+}
+
+/// A client on client0 whose receive window is small (2 KiB asked before it connects, so the
+/// handshake offers a small window): it connects to the VIP, sends what it is asked to, and
+/// reads nothing until told to go.
+pub struct SlowReader<T> {
+    /// Its local port (the connection's 4-tuple, for `ss` filters on the nodes).
+    pub port: u16,
+    ask: mpsc::Sender<Vec<u8>>,
+    go: mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<T>,
+}
+
+impl<T: Send + 'static> SlowReader<T> {
+    /// Connects; once told to go, `read` runs on the connection and its result is
+    /// [`SlowReader::read`]'s.
+    pub fn connect(lab: &Lab, read: impl FnOnce(&mut TcpStream) -> T + Send + 'static) -> Self {
+        let vip = lab.vip();
+        let (ns, _) = lab.host("client0");
+        let (ask, asked) = mpsc::channel::<Vec<u8>>();
+        let (go, read_now) = mpsc::channel::<()>();
+        let (port_tx, port) = mpsc::channel::<u16>();
+        let thread = std::thread::spawn(move || {
+            let _g = NetNs::open(&ns).unwrap().enter().unwrap();
+            let sock =
+                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            sock.set_recv_buffer_size(2048).unwrap();
+            sock.connect(&vip.into()).unwrap();
+            let mut s: TcpStream = sock.into();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            port_tx.send(s.local_addr().unwrap().port()).unwrap();
+            s.write_all(&asked.recv().unwrap()).unwrap();
+            read_now.recv().unwrap();
+            read(&mut s)
+        });
+        let port = port.recv().unwrap();
+        SlowReader {
+            port,
+            ask,
+            go,
+            thread,
+        }
+    }
+
+    /// Sends `request` on the connection.
+    pub fn ask(&self, request: &[u8]) {
+        self.ask.send(request.to_vec()).unwrap();
+    }
+
+    /// Lets it read, and waits for what it read.
+    pub fn read(self) -> T {
+        self.go.send(()).unwrap();
+        self.thread.join().unwrap()
     }
 }
