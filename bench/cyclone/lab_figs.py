@@ -184,6 +184,48 @@ def system_args(system, cfg_rep, cfg_norep, cache_bytes):
     return ["--cooperative"] + a, True
 
 
+def simulate(trace, cache_bytes, replica_bytes):
+    """The simulator on the same trace with the lab's settings and the lab's member names
+    (`--first-member 0`: the owner map hashes the names), by (system, nodes)."""
+    nodes = ",".join(str(n) for n in NODES)
+    out = run([BIN, "sim", "cyclone", "--trace", trace, "--nodes", nodes,
+               "--systems", ",".join(SYSTEMS), "--clients", str(CLIENTS),
+               "--cache-bytes", str(cache_bytes), "--replica-bytes", str(replica_bytes),
+               "--cache-policy", "lru", "--hot-threshold", f"{HOT:g}",
+               "--aging-ms", str(AGING_MS), "--replica-fresh-ms", str(FRESH_MS),
+               "--private-disks", "--disk-seek-us", str(DISK_US), "--disk-per-4k-us", "0",
+               "--disk-extent-seek-us", "0", "--link-mbps", f"{LINK_MBIT:g}",
+               "--warmup-passes", "1", "--separate-passes", "--threads", "1",
+               "--first-member", "0", "--json"], timeout=3600)
+    return {(r["system"], r["nodes"]): r for r in json.loads(out)["runs"]}
+
+
+def compare(rows, sim):
+    """Lab against simulator, row by row: efficiency (the lab's over bulk TCP, the simulator's
+    over the nominal link rate), the busiest node's bytes over the mean, memory hits."""
+    cols = ["system", "nodes", "efficiency lab", "sim", "lab / sim", "busiest / mean lab",
+            "sim", "memory hits lab", "sim"]
+    table = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    out = []
+    for r in rows:
+        key = ("RR" if r["system"] == "single" else r["system"], r["nodes"])
+        m = sim.get(key)
+        if m is None:
+            continue
+        p = m["pass"]
+        eff = p["mbytes_per_sec"] * 8 / (LINK_MBIT * r["nodes"])
+        out.append({"system": r["system"], "nodes": r["nodes"], "lab_efficiency": r["efficiency"],
+                    "sim_efficiency": eff, "lab_max_over_mean": r["max_bytes_over_mean"],
+                    "sim_max_over_mean": m["max_bytes_over_mean"],
+                    "lab_memory_hit_rate": r["memory_hit_rate"],
+                    "sim_memory_hit_rate": p["memory_hit_rate"]})
+        table.append(f"| {r['system']} | {r['nodes']} | {r['efficiency']:.3f} | {eff:.3f} | "
+                     f"{r['efficiency'] / eff if eff else 0:.2f} | "
+                     f"{r['max_bytes_over_mean']:.2f} | {m['max_bytes_over_mean']:.2f} | "
+                     f"{r['memory_hit_rate']:.3f} | {p['memory_hit_rate']:.3f} |")
+    return "\n".join(table), out
+
+
 def main():
     # Stopped by a signal, the labs still come down (the `finally` below).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -294,11 +336,20 @@ def main():
             table.append("| " + " | ".join(fmt.format(r[c]) for c, fmt in cols) + " |")
         text = "\n".join(table)
         print(text)
+        # The simulator with the same settings, beside the lab (a second or two).
+        try:
+            versus, versus_rows = compare(rows, simulate(trace, cache_bytes, replica_bytes))
+            text += "\n\nAgainst the simulator (same trace and settings, the lab's member names):\n\n"
+            text += versus
+            print("\n" + versus)
+        except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError) as e:
+            print(f"figs11-13-lab: the simulator did not run: {e}", file=sys.stderr)
+            versus_rows = []
         base = os.path.join(OUT, f"{name}-{SETTING}-c{CLIENTS}-l{LINK_MBIT:g}")
         with open(base + ".txt", "w") as f:
             f.write(head + "\n\n" + text + "\n")
         with open(base + ".json", "w") as f:
-            json.dump({"head": head, "rows": rows}, f, indent=1)
+            json.dump({"head": head, "rows": rows, "simulator": versus_rows}, f, indent=1)
         return 1 if failed else 0
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         print(f"figs11-13-lab: {e}", file=sys.stderr)
