@@ -6,8 +6,9 @@
 //!
 //! * **Owner map**: one `switchyard-policy` policy per node ([`CoopConfig::owner_policy`],
 //!   `chash` with the node's defaults unless set), initialized with member ids that are the
-//!   FNV-1a of the member names `n1` … `nN`, exactly as `switchyard node --cooperative`
-//!   derives them, and driven as the node drives it: `connection_start`, `select` per
+//!   FNV-1a of the member names `n1` … `nN` (the demo's; from `n0`, the lab's, with
+//!   [`CoopConfig::first_member`]), exactly as `switchyard node --cooperative` derives them,
+//!   and driven as the node drives it: `connection_start`, `select` per
 //!   request, `post_request` when the response is out, `connection_end`. Each node keeps its
 //!   own policy, so a bounded-load policy sees only the requests that node dispatched.
 //! * **Caches**: each node's object cache is a [`switchyard_cache::Cache`]; replication uses
