@@ -1,6 +1,6 @@
 """What the real-node drivers of bench/cyclone share (sim_vs_real.py, lab_figs.py): running a
 command, reading a node's /metrics, the replication settings, the trace and its document root,
-and a node's configuration file."""
+a node's configuration file, and the simulator run with a real cluster's settings."""
 
 import json
 import os
@@ -95,3 +95,20 @@ aging_factor = 0.5
 replica_bytes = {replica_bytes}
 """)
     os.chmod(path, 0o644)
+
+
+def simulate(binary, trace, nodes, systems, clients, cache_bytes, replica_bytes, hot, fresh_ms,
+             aging_ms, disk_us, link_mbps, extra=()):
+    """`sim cyclone` on `trace` with the settings real nodes ran with (`nodes` one count or a
+    comma list; LRU object caches, replication and aging as given; a disk per node of
+    `disk_us` per miss and no transfer cost, as the node's emulated disk; one warm-up pass, the
+    passes run apart), `extra` arguments after them: its runs, from its JSON."""
+    args = [binary, "sim", "cyclone", "--trace", trace, "--nodes", str(nodes),
+            "--systems", ",".join(systems), "--clients", str(clients),
+            "--cache-bytes", str(cache_bytes), "--replica-bytes", str(replica_bytes),
+            "--cache-policy", "lru", "--hot-threshold", f"{hot:g}", "--aging-ms", str(aging_ms),
+            "--replica-fresh-ms", str(fresh_ms), "--private-disks",
+            "--disk-seek-us", str(disk_us), "--disk-per-4k-us", "0", "--disk-extent-seek-us", "0",
+            "--link-mbps", f"{link_mbps:g}", "--warmup-passes", "1", "--separate-passes",
+            "--threads", "1", "--json", *extra]
+    return json.loads(run(args, timeout=3600))["runs"]

@@ -18,7 +18,7 @@ import tempfile
 import time
 
 from cyclone_common import (BERKELEY_BYTES, counter, env, make_trace, parse_metrics,
-                            replication_settings, run, write_node_config)
+                            replication_settings, run, simulate, write_node_config)
 
 
 BIN = os.path.abspath(env("BIN", "target/release/switchyard"))
@@ -184,20 +184,13 @@ def system_args(system, cfg_rep, cfg_norep, cache_bytes):
     return ["--cooperative"] + a, True
 
 
-def simulate(trace, cache_bytes, replica_bytes):
+def simulate_lab(trace, cache_bytes, replica_bytes):
     """The simulator on the same trace with the lab's settings and the lab's member names
     (`--first-member 0`: the owner map hashes the names), by (system, nodes)."""
     nodes = ",".join(str(n) for n in NODES)
-    out = run([BIN, "sim", "cyclone", "--trace", trace, "--nodes", nodes,
-               "--systems", ",".join(SYSTEMS), "--clients", str(CLIENTS),
-               "--cache-bytes", str(cache_bytes), "--replica-bytes", str(replica_bytes),
-               "--cache-policy", "lru", "--hot-threshold", f"{HOT:g}",
-               "--aging-ms", str(AGING_MS), "--replica-fresh-ms", str(FRESH_MS),
-               "--private-disks", "--disk-seek-us", str(DISK_US), "--disk-per-4k-us", "0",
-               "--disk-extent-seek-us", "0", "--link-mbps", f"{LINK_MBIT:g}",
-               "--warmup-passes", "1", "--separate-passes", "--threads", "1",
-               "--first-member", "0", "--json"], timeout=3600)
-    return {(r["system"], r["nodes"]): r for r in json.loads(out)["runs"]}
+    runs = simulate(BIN, trace, nodes, SYSTEMS, CLIENTS, cache_bytes, replica_bytes, HOT,
+                    FRESH_MS, AGING_MS, DISK_US, LINK_MBIT, ["--first-member", "0"])
+    return {(r["system"], r["nodes"]): r for r in runs}
 
 
 def compare(rows, sim):
@@ -338,8 +331,9 @@ def main():
         print(text)
         # The simulator with the same settings, beside the lab (a second or two).
         try:
-            versus, versus_rows = compare(rows, simulate(trace, cache_bytes, replica_bytes))
-            text += "\n\nAgainst the simulator (same trace and settings, the lab's member names):\n\n"
+            versus, versus_rows = compare(rows, simulate_lab(trace, cache_bytes, replica_bytes))
+            text += ("\n\nAgainst the simulator (same trace and settings, the lab's member "
+                     "names):\n\n")
             text += versus
             print("\n" + versus)
         except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError) as e:
