@@ -2,14 +2,15 @@
 # Seed 000 Figs. 11-13 on real nodes (issue 12): one trace replayed in log order by HTTP/1.0
 # connections through the lab's layer-4 director (nftables `fwd` per flow; this kernel has no
 # IPVS) onto 1, 2, 4 and 8 real nodes whose links are shaped, for RR (the director alone),
-# CF-LRU and CF-LFU (fetch from the owner, held, then sent), SC (socket cloning, TCP_REPAIR) and
+# CF-LRU and CF-LFU (fetch from the owner, held, then sent), CF-REP (the same with hot-object
+# replication: a fetched hot object is kept as a copy), SC (socket cloning, TCP_REPAIR) and
 # Cyclone (SC with hot-object replication). Efficiency is the response bytes per second over
 # what plain bulk TCP carries on the same links, measured in the same run. Root.
 #
 #   bench/cyclone/figs11-13-lab.sh synthetic   # trace synth --preset cyclone at SCALE, REQUESTS
 #   bench/cyclone/figs11-13-lab.sh real        # the real log LOG
 #
-# Settings (environment): NODES="1 2 4 8" SYSTEMS="RR CF-LRU CF-LFU SC Cyclone" CLIENTS=38
+# Settings (environment): NODES="1 2 4 8" SYSTEMS="RR CF-LRU CF-LFU CF-REP SC Cyclone" CLIENTS=38
 # LINK_MBIT=10 SCALE=0.1 REQUESTS=30000 SEED=1 DISK_US=50000 SETTING=static|defaults
 # BULK_SECS=4 PREFIX=syfig LOG OUT REQUEST_LOG_DIR (the clients' per-request logs of each
 # measured pass: issue, first byte, completion) BIN (a switchyard binary; default: the release

@@ -24,7 +24,7 @@ from cyclone_common import (BERKELEY_BYTES, counter, env, make_trace, parse_metr
 BIN = os.path.abspath(env("BIN", "target/release/switchyard"))
 WHAT = sys.argv[1] if len(sys.argv) > 1 else "synthetic"
 NODES = [int(n) for n in env("NODES", "1 2 4 8").split()]
-SYSTEMS = env("SYSTEMS", "RR CF-LRU CF-LFU SC Cyclone").split()
+SYSTEMS = env("SYSTEMS", "RR CF-LRU CF-LFU CF-REP SC Cyclone").split()
 CLIENTS = int(env("CLIENTS", "38"))
 LINK_MBIT = float(env("LINK_MBIT", "10"))
 SCALE = float(env("SCALE", "0.1"))
@@ -42,7 +42,7 @@ LOAD_TIMEOUT = env("LOAD_TIMEOUT", "30s")
 REQUEST_LOG_DIR = os.environ.get("REQUEST_LOG_DIR")
 
 HOT, FRESH_MS, AGING_MS = replication_settings(SETTING)
-KNOWN = {"RR", "CF-LRU", "CF-LFU", "SC", "Cyclone"}
+KNOWN = {"RR", "CF-LRU", "CF-LFU", "CF-REP", "SC", "Cyclone"}
 for s in SYSTEMS:
     if s not in KNOWN:
         sys.exit(f"unknown system {s} (known: {' '.join(sorted(KNOWN))})")
@@ -174,11 +174,13 @@ class Lab:
 def system_args(system, cfg_rep, cfg_norep, cache_bytes):
     a = [f"--node-arg=--cache-bytes={cache_bytes}", f"--node-arg=--disk-latency-us={DISK_US}",
          "--node-arg=--workers=1"]
-    policy = "lfu" if system == "CF-LFU" else "lru"
+    # Seed 000 §5: CF-REP keeps the objects it owns in an LFU cache, as the simulator does.
+    policy = "lfu" if system in ("CF-LFU", "CF-REP") else "lru"
     a.append(f"--node-arg=--cache-policy={policy}")
     if system == "RR":
         return ["--cooperative", "--alone"] + a, False
-    a.append(f"--node-arg=--config={cfg_rep if system == 'Cyclone' else cfg_norep}")
+    replicates = system in ("CF-REP", "Cyclone")
+    a.append(f"--node-arg=--config={cfg_rep if replicates else cfg_norep}")
     if system.startswith("CF"):
         a.append("--node-arg=--cluster-mechanism=fetch")
     return ["--cooperative"] + a, True
@@ -247,7 +249,7 @@ def main():
             lines = f.readlines()
         head = (f"trace {name}: {len(lines)} requests, {total / 1e6:.1f} MB in the root; "
                 f"{CLIENTS} HTTP/1.0 connections; links {LINK_MBIT:g} Mbit/s; "
-                f"{cache_bytes} B object cache (LRU, LFU for CF-LFU) and {replica_bytes} B "
+                f"{cache_bytes} B object cache (LRU, LFU for CF-LFU and CF-REP) and {replica_bytes} B "
                 f"replicas per node; setting {SETTING} (hot from {HOT:g}, copies fresh "
                 f"{FRESH_MS} ms); emulated disk {DISK_US} us per miss on every node")
         print(head, flush=True)

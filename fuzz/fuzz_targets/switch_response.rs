@@ -3,13 +3,15 @@
 //! The first byte chooses whether the request was HEAD and the head-size limit; the rest is what
 //! a node sent. Parsing must never panic; an accepted head lies inside the input, its framing is
 //! consistent with its status, and the rewritten client head is itself accepted with the same
-//! status and framing.
+//! status and framing. The nodes' copy fields (`X-Switchyard-Copy`) are read from any head
+//! without panicking, an offer read survives its own encoding, and neither side's field ever
+//! crosses a rewrite.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use switchyard_switch::response::{
     ask_cache_report, client_response_head, forward_request_head, from_cache, parse, BodyLength,
-    ResponseError, MAX_HEADERS,
+    CopyAsk, CopyOffer, ResponseError, MAX_HEADERS,
 };
 
 /// Header lines of a head (the lines between the status line and the blank line).
@@ -37,11 +39,22 @@ fuzz_target!(|data: &[u8]| {
             if m.body == BodyLength::UntilClose {
                 assert!(!m.keep_alive);
             }
-            // The node's cache answer is read, and never reaches the client.
+            // The node's cache answer and copy offer are read, and never reach the client.
             let _ = from_cache(&data[..m.head_len]);
+            if let Some(offer) = CopyOffer::from_head(&data[..m.head_len]) {
+                let again = format!(
+                    "HTTP/1.1 200 OK\r\nETag: {}\r\nLast-Modified: {}\r\n{}: {}\r\n\r\n",
+                    offer.etag,
+                    offer.last_modified,
+                    switchyard_switch::response::COPY_HEADER,
+                    offer.header_value()
+                );
+                assert_eq!(CopyOffer::from_head(again.as_bytes()), Some(offer));
+            }
             let mut out = Vec::new();
             client_response_head(&data[..m.head_len], m.keep_alive, false, &mut out);
             assert!(!from_cache(&out));
+            assert!(CopyOffer::from_head(&out).is_none());
             let again = match parse(&out, head_request, usize::MAX) {
                 Ok(again) => again.expect("rewritten head is complete"),
                 // The rewrite may add one header (`Connection: close`): a node head already at
@@ -74,6 +87,16 @@ fuzz_target!(|data: &[u8]| {
             Ok(switchyard_http::request::ParseOutcome::Complete(f)) if f.cache_report
         );
         assert!(!asked_by_client);
+        // Nor does a client's ask for a copy.
+        assert!(!matches!(
+            switchyard_http::request::parse(&out, &limits),
+            Ok(switchyard_http::request::ParseOutcome::Complete(f)) if f.copy_ask.is_some()
+        ));
+        if let Some(v) = &h.copy_ask {
+            if let Some(ask) = CopyAsk::parse(v) {
+                assert!(!ask.member.is_empty() && !ask.member.contains(' '));
+            }
+        }
         ask_cache_report(&mut out);
         match switchyard_http::request::parse(&out, &limits) {
             Ok(switchyard_http::request::ParseOutcome::Complete(f)) => {

@@ -133,6 +133,9 @@ pub struct RequestHead {
     /// the node's memory cache ([`crate::upstream::RELAY_HEADER`]); the node answers in
     /// [`crate::upstream::CACHE_HEADER`], which the switch removes.
     pub cache_report: bool,
+    /// The value of [`crate::upstream::COPY_HEADER`]: a cooperative peer fetching this request
+    /// asks for the response as its copy of a hot object ([`crate::upstream::CopyAsk`]).
+    pub copy_ask: Option<String>,
     /// Length in bytes of the head, including the blank line ending it.
     pub head_len: usize,
 }
@@ -254,6 +257,7 @@ pub fn parse(buf: &[u8], limits: &Limits) -> Result<ParseOutcome, RequestError> 
         if_range: None,
         cookie: None,
         cache_report: false,
+        copy_ask: None,
         head_len,
     };
     validate_target(head.method, target)?;
@@ -305,6 +309,8 @@ pub fn parse(buf: &[u8], limits: &Limits) -> Result<ParseOutcome, RequestError> 
             }
         } else if name.eq_ignore_ascii_case(crate::upstream::RELAY_HEADER) {
             head.cache_report = true;
+        } else if name.eq_ignore_ascii_case(crate::upstream::COPY_HEADER) {
+            head.copy_ask.get_or_insert(text(value)?.to_owned());
         } else if name.eq_ignore_ascii_case("if-none-match") {
             head.if_none_match.get_or_insert(text(value)?.to_owned());
         } else if name.eq_ignore_ascii_case("if-modified-since") {

@@ -23,6 +23,17 @@ pub const RELAY_HEADER: &str = "X-Switchyard-Relay";
 /// memory cache) or `miss`. Never passed on to a client.
 pub const CACHE_HEADER: &str = "X-Switchyard-Cache";
 
+/// Field of a cooperative node's fetch from a target's owner, on the request and on the
+/// response (cache forwarding with hot-object replication, seed 000 §3.2).
+///
+/// On the request ([`ask_copy`]): `<max bytes> <member>`, the fetching member's name and the
+/// largest body it will hold whole; the owner may then keep the fetched response as that
+/// member's copy of a hot object. On the response ([`CopyOffer`]): `copies=N age-ms=A
+/// mtime-ns=M inode=I`, the terms of the copy (the count the holder's references grow by, how
+/// long ago the owner checked its file, and the file's identity); the body is the copy.
+/// Never forwarded as a client sent it, never passed on to a client.
+pub const COPY_HEADER: &str = "X-Switchyard-Copy";
+
 /// How a response body is delimited.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BodyLength {
@@ -221,9 +232,10 @@ fn value_of(line: &[u8]) -> &[u8] {
 /// Hop-by-hop fields (RFC 9110 §7.6.1) that never cross the switch: the switch keeps its own
 /// connections on both sides.
 /// `Expect` is answered by the switch itself (it reads the whole body before forwarding).
-/// The switch's own fields ([`RELAY_HEADER`], [`CACHE_HEADER`]) belong to one hop too.
+/// The switch's and the nodes' own fields ([`RELAY_HEADER`], [`CACHE_HEADER`],
+/// [`COPY_HEADER`]) belong to one hop too.
 fn hop_by_hop(name: &[u8]) -> bool {
-    const HOP: [&[u8]; 9] = [
+    const HOP: [&[u8]; 10] = [
         b"connection",
         b"keep-alive",
         b"proxy-connection",
@@ -233,6 +245,7 @@ fn hop_by_hop(name: &[u8]) -> bool {
         b"expect",
         b"x-switchyard-relay",
         b"x-switchyard-cache",
+        b"x-switchyard-copy",
     ];
     HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
 }
@@ -330,6 +343,113 @@ pub fn ask_cache_report(out: &mut Vec<u8>) {
     out.reserve(RELAY_HEADER.len() + 7);
     out.extend_from_slice(RELAY_HEADER.as_bytes());
     out.extend_from_slice(b": 1\r\n\r\n");
+}
+
+/// Add [`COPY_HEADER`] to a head written by [`forward_request_head`]: `member` fetches and
+/// would keep the response, of at most `max_bytes` of body, as its copy of a hot object.
+pub fn ask_copy(out: &mut Vec<u8>, member: &str, max_bytes: u64) {
+    debug_assert!(out.ends_with(b"\r\n\r\n"));
+    out.truncate(out.len() - 2);
+    out.extend_from_slice(COPY_HEADER.as_bytes());
+    out.extend_from_slice(format!(": {max_bytes} {member}\r\n\r\n").as_bytes());
+}
+
+/// A fetching member's ask for a copy ([`COPY_HEADER`] on a request).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CopyAsk<'a> {
+    /// The member's name.
+    pub member: &'a str,
+    /// The largest body it holds whole.
+    pub max_bytes: u64,
+}
+
+impl<'a> CopyAsk<'a> {
+    /// The ask in a request's [`COPY_HEADER`] value; `None` for anything but `<digits>
+    /// <name>` with a name of visible ASCII.
+    pub fn parse(value: &'a str) -> Option<CopyAsk<'a>> {
+        let (max, member) = value.trim().split_once(' ')?;
+        let max_bytes = digits(max)?;
+        let member = member.trim();
+        if member.is_empty() || !member.bytes().all(|b| b.is_ascii_graphic()) {
+            return None;
+        }
+        Some(CopyAsk { member, max_bytes })
+    }
+}
+
+/// An owner's offer of a copy with a fetched response ([`COPY_HEADER`] on a response), with
+/// the validators the copy answers with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CopyOffer {
+    /// Copies in the cluster with this one.
+    pub copies: u32,
+    /// How long ago the owner last checked the object against its disk, in milliseconds.
+    pub age_ms: u64,
+    /// The file's modification time, nanoseconds since the Unix epoch.
+    pub mtime_ns: u64,
+    /// The file's inode on the owner.
+    pub inode: u64,
+    /// The response's `ETag`.
+    pub etag: String,
+    /// The response's `Last-Modified`.
+    pub last_modified: String,
+}
+
+impl CopyOffer {
+    /// The value of the response's [`COPY_HEADER`] for these terms.
+    pub fn header_value(&self) -> String {
+        format!(
+            "copies={} age-ms={} mtime-ns={} inode={}",
+            self.copies, self.age_ms, self.mtime_ns, self.inode
+        )
+    }
+
+    /// The offer in a response head accepted by [`parse`]: `None` unless it carries a
+    /// well-formed [`COPY_HEADER`] (each of its four terms once), one `ETag` and one
+    /// `Last-Modified`.
+    pub fn from_head(head: &[u8]) -> Option<CopyOffer> {
+        let field = |name: &str| -> Option<&str> {
+            let mut found = lines(head)
+                .skip(1)
+                .filter(|l| name_of(l).eq_ignore_ascii_case(name.as_bytes()));
+            let v = found.next()?;
+            if found.next().is_some() {
+                return None;
+            }
+            std::str::from_utf8(value_of(v)).ok()
+        };
+        let terms = field(COPY_HEADER)?;
+        let (mut copies, mut age_ms, mut mtime_ns, mut inode) = (None, None, None, None);
+        for term in terms.split(' ').filter(|t| !t.is_empty()) {
+            let (k, v) = term.split_once('=')?;
+            let slot = match k {
+                "copies" => &mut copies,
+                "age-ms" => &mut age_ms,
+                "mtime-ns" => &mut mtime_ns,
+                "inode" => &mut inode,
+                _ => return None,
+            };
+            if slot.replace(digits(v)?).is_some() {
+                return None;
+            }
+        }
+        Some(CopyOffer {
+            copies: u32::try_from(copies?).ok()?,
+            age_ms: age_ms?,
+            mtime_ns: mtime_ns?,
+            inode: inode?,
+            etag: field("etag")?.to_owned(),
+            last_modified: field("last-modified")?.to_owned(),
+        })
+    }
+}
+
+/// A decimal number of ASCII digits only (no sign, no spaces) that fits in a `u64`.
+fn digits(s: &str) -> Option<u64> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
 }
 
 /// Whether a response head accepted by [`parse`] says, in [`CACHE_HEADER`], that its body came
@@ -604,5 +724,82 @@ mod tests {
         let mut client = Vec::new();
         client_response_head(head, true, false, &mut client);
         assert_eq!(client, b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+    }
+
+    #[test]
+    fn copy_fields_stay_on_their_hop() {
+        // A client's own ask never reaches the owner; the fetching node's does.
+        let mut out = Vec::new();
+        forward_request_head(
+            b"GET /a HTTP/1.1\r\nHost: h\r\nX-Switchyard-Copy: 99 n9\r\n\r\n",
+            false,
+            None,
+            &mut out,
+        );
+        assert_eq!(out, b"GET /a HTTP/1.1\r\nHost: h\r\n\r\n");
+        ask_copy(&mut out, "n2", 1 << 20);
+        assert_eq!(
+            out,
+            b"GET /a HTTP/1.1\r\nHost: h\r\nX-Switchyard-Copy: 1048576 n2\r\n\r\n"
+        );
+        // The offer is read by the fetching node and never reaches its client.
+        let offer = CopyOffer {
+            copies: 3,
+            age_ms: 12,
+            mtime_ns: 1_700_000_000_123_456_789,
+            inode: 42,
+            etag: "\"2a-1\"".into(),
+            last_modified: "Tue, 14 Nov 2023 22:13:20 GMT".into(),
+        };
+        let head = format!(
+            "HTTP/1.1 200 OK\r\nETag: {}\r\nLast-Modified: {}\r\nContent-Length: 5\r\n\
+             x-switchyard-copy: {}\r\n\r\n",
+            offer.etag,
+            offer.last_modified,
+            offer.header_value()
+        );
+        assert_eq!(CopyOffer::from_head(head.as_bytes()), Some(offer));
+        let mut client = Vec::new();
+        client_response_head(head.as_bytes(), true, false, &mut client);
+        assert!(CopyOffer::from_head(&client).is_none());
+        assert!(!String::from_utf8(client).unwrap().contains("copies="));
+    }
+
+    #[test]
+    fn copy_asks_and_offers_are_read_strictly() {
+        assert_eq!(
+            CopyAsk::parse(" 4096 n0 "),
+            Some(CopyAsk {
+                member: "n0",
+                max_bytes: 4096
+            })
+        );
+        for bad in [
+            "", "n0", "4096", "4096 ", "-1 n0", "+1 n0", "1x n0", "1 n 0", "1 \u{e9}",
+        ] {
+            assert_eq!(CopyAsk::parse(bad), None, "{bad:?}");
+        }
+        let head = |copy: &str| {
+            format!(
+                "HTTP/1.1 200 OK\r\nETag: \"e\"\r\nLast-Modified: x\r\n\
+                 X-Switchyard-Copy: {copy}\r\n\r\n"
+            )
+        };
+        let good = "copies=2 age-ms=0 mtime-ns=5 inode=7";
+        assert!(CopyOffer::from_head(head(good).as_bytes()).is_some());
+        for bad in [
+            "copies=2 age-ms=0 mtime-ns=5",
+            "copies=2 age-ms=0 mtime-ns=5 inode=7 inode=7",
+            "copies=2 age-ms=0 mtime-ns=5 inode=-7",
+            "copies=4294967296 age-ms=0 mtime-ns=5 inode=7",
+            "copies=2 age-ms=0 mtime-ns=5 inode=7 extra=1",
+            "copies=2,age-ms=0 mtime-ns=5 inode=7",
+        ] {
+            assert_eq!(CopyOffer::from_head(head(bad).as_bytes()), None, "{bad}");
+        }
+        // Without its validators a copy could not answer as the owner does.
+        let no_etag =
+            format!("HTTP/1.1 200 OK\r\nLast-Modified: x\r\nX-Switchyard-Copy: {good}\r\n\r\n");
+        assert_eq!(CopyOffer::from_head(no_etag.as_bytes()), None);
     }
 }

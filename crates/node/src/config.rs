@@ -251,7 +251,9 @@ pub struct ClusterConfig {
     pub steering: switchyard_handoff::steer::table::Backend,
     /// How a request owned by a peer is served: `clone` (the connection moves to the owner,
     /// seed 000's socket cloning) or `fetch` (this node fetches the whole response from the
-    /// owner's HTTP listener, holds it, then sends it: the seed's cooperative caching, "CF").
+    /// owner's HTTP listener, holds it, then sends it: the seed's cooperative caching, "CF";
+    /// with `[cluster.replication]` on, a held response for a hot target is kept as this
+    /// node's copy, the seed's "CF-REP").
     #[serde(default)]
     pub mechanism: ClusterMechanism,
     /// `[cluster.http]`: the members' HTTP listeners by member name (`n1 = "10.0.0.2:80"`),

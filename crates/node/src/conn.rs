@@ -102,6 +102,30 @@ pub(crate) enum Step {
     /// Fetch the whole response from a peer's HTTP listener, hold it, then send it (a
     /// cooperative cluster's `fetch` mechanism).
     Fetch(Fetch),
+    /// Serve it here, as the target's owner, for a peer that fetches it and keeps the
+    /// response as its copy if the target is hot; dispatched.
+    Copy(CopyTo),
+}
+
+/// A peer fetching a request from its owner and asking for a copy ([`Step::Copy`]).
+#[derive(Debug)]
+pub(crate) struct CopyTo {
+    /// The object's key in the store.
+    pub key: String,
+    /// The peer's member name.
+    pub peer: String,
+    /// The largest body the peer holds whole.
+    pub max_bytes: u64,
+}
+
+/// What a fetching node needs to keep a copy that comes with the response ([`Fetch::copy`]).
+#[derive(Debug)]
+pub(crate) struct FetchCopy {
+    pub replication: Arc<crate::replica::Replication>,
+    /// The object's key in the store.
+    pub key: String,
+    /// This node's member name, which the owner counts among the copy's holders.
+    pub me: String,
 }
 
 /// A request a cooperative node fetches from its owner ([`Step::Fetch`]).
@@ -113,6 +137,8 @@ pub(crate) struct Fetch {
     pub hold_max: u64,
     /// Where the fetch is counted.
     pub counts: Arc<FetchCounts>,
+    /// With replication: ask the owner for the response as a copy of a hot object.
+    pub copy: Option<FetchCopy>,
 }
 
 /// Counters of the fetches from one peer.
@@ -264,6 +290,8 @@ struct Conn<'a, R: Router> {
     router: Option<&'a mut R>,
     /// The object the request being answered is served from, when its router chose one.
     replica: Option<Arc<CachedObject>>,
+    /// The peer the response being answered may become a copy for ([`Step::Copy`]).
+    copy_to: Option<CopyTo>,
     /// How long a keep-alive connection waits in its task before it is parked; none: never
     /// parked (routed connections, which their router follows).
     park_after: Option<Duration>,
@@ -365,6 +393,7 @@ pub(crate) async fn serve_parking(
         last_hit: false,
         router: None,
         replica: None,
+        copy_to: None,
         listed,
         park_after: Some(park_after),
     };
@@ -402,6 +431,7 @@ pub(crate) async fn serve_routed<R: Router>(
         last_hit: false,
         router: Some(router),
         replica: None,
+        copy_to: None,
         listed: None,
         park_after: None,
     };
@@ -559,7 +589,7 @@ impl<R: Router> Conn<'_, R> {
             Step::Forward(_) => (self.handle(head).await, true),
             Step::Fetch(f) if forwardable(&head) && !self.is_dynamic(&head) => {
                 let before = self.produced();
-                let fetched = match self.forward(&head, f.addr, Some(f.hold_max)).await {
+                let fetched = match self.forward(&head, f.addr, Some(&f)).await {
                     Forwarded::Done(end) => Some((end, false)),
                     Forwarded::Held(end) => Some((end, true)),
                     Forwarded::NotSent => None,
@@ -585,6 +615,12 @@ impl<R: Router> Conn<'_, R> {
                 self.replica = None;
                 (end, true)
             }
+            Step::Copy(to) => {
+                self.copy_to = Some(to);
+                let end = self.handle(head).await;
+                self.copy_to = None;
+                (end, true)
+            }
         };
         if dispatched {
             let bytes = self.produced() - before;
@@ -604,17 +640,22 @@ impl<R: Router> Conn<'_, R> {
 
     /// Fetch the response to `head` from the node whose HTTP listener is at
     /// `peer` (back-end forwarding) and send it to the client with the
-    /// client's own keep-alive and version. With `hold`, a response whose body
-    /// is delimited by a `Content-Length` of at most `hold` bytes (or has
+    /// client's own keep-alive and version. With `fetch`, a response whose body
+    /// is delimited by a `Content-Length` of at most its `hold_max` bytes (or has
     /// none) is read whole before any of it is written (store and forward,
-    /// as cooperative caching forwards a cache copy); others are relayed as
-    /// they arrive.
+    /// as cooperative caching forwards a cache copy), and kept as a copy of a hot
+    /// object when the fetch asks for one and the owner offers it; others are
+    /// relayed as they arrive.
     async fn forward(
         &mut self,
         head: &RequestHead,
         peer: SocketAddr,
-        hold: Option<u64>,
+        fetch: Option<&Fetch>,
     ) -> Forwarded {
+        let hold = fetch.map(|f| f.hold_max);
+        let copy = fetch
+            .and_then(|f| f.copy.as_ref())
+            .filter(|_| head.method == Method::Get);
         let started = Instant::now();
         let http10 = head.version == Version::Http10;
         let mut req = Vec::with_capacity(head.head_len + 64);
@@ -628,6 +669,9 @@ impl<R: Router> Conn<'_, R> {
         // The peer says whether its response came from its cache: the switch's policy hears
         // it of the source, with this response's `Served`.
         switchyard_http::upstream::ask_cache_report(&mut req);
+        if let (Some(c), Some(max)) = (copy, hold) {
+            switchyard_http::upstream::ask_copy(&mut req, &c.me, max);
+        }
         // A peer with the same limits would refuse a head that the added fields took over
         // them: such a request is served here instead.
         if !switchyard_http::upstream::forwarded_head_fits(&req, &self.ctx.limits) {
@@ -686,6 +730,11 @@ impl<R: Router> Conn<'_, R> {
                     return Forwarded::NotSent;
                 }
             };
+            if let Some(c) = copy.filter(|_| meta.status == 200) {
+                if let Some(offer) = switchyard_http::upstream::CopyOffer::from_head(&r.head) {
+                    c.replication.receive_fetched(&c.key, offer, body.to_vec());
+                }
+            }
             self.out.reserve(1024 + body.len());
             switchyard_http::upstream::client_response_head(&r.head, keep, http10, &mut self.out);
             self.out.extend_from_slice(&body);
@@ -1102,6 +1151,13 @@ impl<R: Router> Conn<'_, R> {
             RangeDecision::Partial { start, end } => (206, start, end - start + 1),
             RangeDecision::Unsatisfiable => (416, 0, 0),
         };
+        // A peer fetching a hot object whole from memory here may keep it as its copy.
+        let copy = match (&self.copy_to, &self.ctx.replication, decision) {
+            (Some(to), Some(r), RangeDecision::Full) if hit && head.method == Method::Get => {
+                r.copy_offer(&self.ctx.store, &to.key, &to.peer, to.max_bytes)
+            }
+            _ => None,
+        };
         let content_range = match decision {
             RangeDecision::Full => None,
             RangeDecision::Partial { start, end } => {
@@ -1122,6 +1178,12 @@ impl<R: Router> Conn<'_, R> {
             }
             if let Some(v) = cache_answer {
                 h = h.header(switchyard_http::upstream::CACHE_HEADER, v);
+            }
+            if let Some(offer) = &copy {
+                h = h.header(
+                    switchyard_http::upstream::COPY_HEADER,
+                    &offer.header_value(),
+                );
             }
             h.content_length(len).connection(keep, http10).finish()
         });

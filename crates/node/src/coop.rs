@@ -59,7 +59,7 @@ use switchyard_http::request::{Method, RequestHead};
 use switchyard_policy::{ConnId, NodeId, NodeSpec, Outcome, Policy, Request};
 
 use crate::config::{ClusterConfig, ClusterMechanism};
-use crate::conn::{self, Ctx, Fetch, FetchCounts, Router, Step};
+use crate::conn::{self, CopyTo, Ctx, Fetch, FetchCopy, FetchCounts, Router, Step};
 use crate::error::NodeError;
 use crate::handoff::restream;
 use crate::replica::{Held, Replication};
@@ -635,6 +635,7 @@ impl Cluster {
             clone_to: None,
             here_next: false,
             served_for: self.me_id,
+            client: stream.peer_addr().ok().map(|a| a.ip()),
         };
         let mut preread = BytesMut::new();
         loop {
@@ -1028,6 +1029,37 @@ struct Owned<'a> {
     clone_to: Option<Arc<Peer>>,
     /// The owner did not take the request: serve it here without asking the map again.
     here_next: bool,
+    /// The client's address: a peer fetching from here comes from its HTTP listener's.
+    client: Option<std::net::IpAddr>,
+}
+
+impl Owned<'_> {
+    /// The copy a peer fetching `head` (for `key`, owned here) asks for, if it is a member
+    /// fetching from its own host: from its HTTP listener's address where this node knows it,
+    /// else from its control address's (loopback for a member on this host, whose control
+    /// socket is a Unix one). A name alone could be anyone's, and a holder the owner counts
+    /// wrongly would inflate every later count of the target.
+    fn copy_to(&self, head: &RequestHead, key: String) -> Option<CopyTo> {
+        let ask = switchyard_http::upstream::CopyAsk::parse(head.copy_ask.as_deref()?)?;
+        let c = self.cluster;
+        let from = self.client?;
+        let i = c.names.iter().position(|n| n == ask.member)?;
+        let peer = c.peers[i].as_ref()?;
+        let host_of_member = match (c.http.get(i).copied().flatten(), &peer.addr) {
+            (Some(listener), _) => listener.ip() == from || listener.ip().is_unspecified(),
+            (None, ControlAddr::Tcp(control)) => control.ip() == from,
+            (None, ControlAddr::Unix(_)) => from.is_loopback(),
+        };
+        if !host_of_member {
+            tracing::debug!(member = ask.member, %from, "copy asked for from another host than the member's: none offered");
+            return None;
+        }
+        Some(CopyTo {
+            key,
+            peer: ask.member.to_owned(),
+            max_bytes: ask.max_bytes,
+        })
+    }
 }
 
 impl Router for Owned<'_> {
@@ -1085,8 +1117,8 @@ impl Router for Owned<'_> {
                         }
                         // Ahead of the clone, on the control connection it takes (written at
                         // once, so before the `Create`, however that is sent): the owner
-                        // checks the copy as it serves the request. (Copies come only with
-                        // clones, so a fetching node holds none.)
+                        // checks the copy as it serves the request. (A fetching node fetches
+                        // the object anyway: the response renews its copy.)
                         Held::Stale(etag) if fetch_from.is_none() => {
                             let check = Message::ReplicaCheck {
                                 target: key.clone(),
@@ -1100,10 +1132,21 @@ impl Router for Owned<'_> {
                 match fetch_from {
                     Some(addr) => {
                         self.served_for = peer.id;
+                        // The response to a GET can come as this node's copy (or renew a stale
+                        // one: the owner sends it anew, the response being the copy).
+                        let copy = match (&c.replication, key) {
+                            (Some(r), Some(key)) if head.method == Method::Get => Some(FetchCopy {
+                                replication: r.clone(),
+                                key,
+                                me: c.names[c.me].clone(),
+                            }),
+                            _ => None,
+                        };
                         Step::Fetch(Fetch {
                             addr,
                             hold_max: c.fetch_hold_max,
                             counts: peer.fetches.clone(),
+                            copy,
                         })
                     }
                     None => {
@@ -1116,7 +1159,8 @@ impl Router for Owned<'_> {
                 if relayed {
                     c.stats.relayed_in.fetch_add(1, Relaxed);
                 }
-                if owner.is_some_and(|i| i == c.me) {
+                let mine = owner.is_some_and(|i| i == c.me);
+                if mine {
                     c.stats.owned.fetch_add(1, Relaxed);
                     if let (Some(r), Some(key)) = (&c.replication, &key) {
                         r.owned(key);
@@ -1126,8 +1170,14 @@ impl Router for Owned<'_> {
                 self.served_for = owner
                     .and_then(|i| c.peers[i].as_ref().map(|p| p.id))
                     .unwrap_or(c.me_id);
-                Step::Local {
-                    dispatched: owner.is_some(),
+                match key.filter(|_| mine && relayed) {
+                    Some(key) => match self.copy_to(head, key) {
+                        Some(to) => Step::Copy(to),
+                        None => Step::Local { dispatched: true },
+                    },
+                    None => Step::Local {
+                        dispatched: owner.is_some(),
+                    },
                 }
             }
         }

@@ -15,6 +15,12 @@
 //! file is unchanged and the target still hot it renews the copy ([`Message::ReplicaValid`],
 //! a few bytes), if the file changed it sends the new one. A copy answers exactly as the owner
 //! does: same bytes, entity tag, `Last-Modified`.
+//!
+//! With cache forwarding (`mechanism = "fetch"`, seed 000's CF-REP) no connection moves: the
+//! holder fetches the response from the owner's HTTP listener and asks for it as its copy
+//! (`X-Switchyard-Copy` on the request, with its name); an owner that would ship a copy to it
+//! says so on the response with the copy's terms, and the fetched body becomes the copy, so
+//! a copy costs nothing beyond the fetch. A stale copy is fetched anew the same way.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -43,6 +49,12 @@ pub(crate) struct ReplicationStats {
     pub unusable: AtomicU64,
     /// Peers' stale copies found unchanged and renewed without sending them again.
     pub renewals_sent: AtomicU64,
+}
+
+fn mtime_ns(info: &FileInfo) -> u64 {
+    info.mtime
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
 /// Checks announced by peers ([`Message::ReplicaCheck`]) and not yet answered, at most this
@@ -145,13 +157,7 @@ impl Replication {
                 None => None,
             }
         };
-        let object = store.cached(key)?;
-        let now = self.now();
-        let copies = self
-            .hot
-            .lock()
-            .ship(key, object.info.len, peer.to_owned(), now)?;
-        let age_ms = u64::try_from(store.validated_age(&object).as_millis()).unwrap_or(u64::MAX);
+        let (object, copies, age_ms) = self.shipping(store, key, peer, u64::MAX)?;
         if checked.as_deref() == Some(object.info.etag.as_str()) {
             self.stats.renewals_sent.fetch_add(1, Relaxed);
             tracing::debug!(key, peer, copies, "a peer's copy of a hot object renewed");
@@ -170,31 +176,71 @@ impl Replication {
             }
         };
         let info = &object.info;
-        let mtime_ns = info
-            .mtime
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
-        self.stats.shipped.fetch_add(1, Relaxed);
-        self.stats
-            .shipped_bytes
-            .fetch_add(body.len() as u64, Relaxed);
-        tracing::debug!(
-            key,
-            peer,
-            copies,
-            bytes = body.len(),
-            "hot object copied to a peer"
-        );
+        self.shipped(key, peer, copies, body.len() as u64);
         Some(Message::Replica(Box::new(ReplicaObject {
             target: key.to_owned(),
             etag: info.etag.clone(),
             last_modified: info.last_modified.clone(),
-            mtime_ns,
+            mtime_ns: mtime_ns(info),
             inode: info.inode,
             copies,
             age_ms,
             body,
         })))
+    }
+
+    /// The terms on which `peer`, which fetches `key` from here (cache forwarding) and holds
+    /// bodies of up to `max_bytes` whole, keeps the response it is about to get as its copy:
+    /// `Some` if the target is hot and its object in memory. The response's body is the copy,
+    /// so nothing more crosses the link for it.
+    pub(crate) fn copy_offer(
+        &self,
+        store: &Store,
+        key: &str,
+        peer: &str,
+        max_bytes: u64,
+    ) -> Option<switchyard_http::upstream::CopyOffer> {
+        let (object, copies, age_ms) = self.shipping(store, key, peer, max_bytes)?;
+        let info = &object.info;
+        self.shipped(key, peer, copies, info.len);
+        Some(switchyard_http::upstream::CopyOffer {
+            copies,
+            age_ms,
+            mtime_ns: mtime_ns(info),
+            inode: info.inode,
+            etag: info.etag.clone(),
+            last_modified: info.last_modified.clone(),
+        })
+    }
+
+    /// Whether `peer` gets a copy of `key`, whose object is in `store`'s memory and at most
+    /// `max_bytes` long: the object, the copies in the cluster with the peer's, and how long
+    /// ago the object was checked against the disk (milliseconds). The peer is counted among
+    /// the holders from now on.
+    fn shipping(
+        &self,
+        store: &Store,
+        key: &str,
+        peer: &str,
+        max_bytes: u64,
+    ) -> Option<(Arc<CachedObject>, u32, u64)> {
+        let object = store.cached(key)?;
+        if object.info.len > max_bytes {
+            return None;
+        }
+        let now = self.now();
+        let copies = self
+            .hot
+            .lock()
+            .ship(key, object.info.len, peer.to_owned(), now)?;
+        let age_ms = u64::try_from(store.validated_age(&object).as_millis()).unwrap_or(u64::MAX);
+        Some((object, copies, age_ms))
+    }
+
+    fn shipped(&self, key: &str, peer: &str, copies: u32, bytes: u64) {
+        self.stats.shipped.fetch_add(1, Relaxed);
+        self.stats.shipped_bytes.fetch_add(bytes, Relaxed);
+        tracing::debug!(key, peer, copies, bytes, "hot object copied to a peer");
     }
 
     /// A copy arrived from its owner.
@@ -231,6 +277,26 @@ impl Replication {
                 "copy of a hot object larger than the replica cache takes"
             );
         }
+    }
+
+    /// The response to a request for `key` fetched from its owner came with `offer`: keep
+    /// `body` as this node's copy.
+    pub(crate) fn receive_fetched(
+        &self,
+        key: &str,
+        offer: switchyard_http::upstream::CopyOffer,
+        body: Vec<u8>,
+    ) {
+        self.receive(ReplicaObject {
+            target: key.to_owned(),
+            etag: offer.etag,
+            last_modified: offer.last_modified,
+            mtime_ns: offer.mtime_ns,
+            inode: offer.inode,
+            copies: offer.copies,
+            age_ms: offer.age_ms,
+            body,
+        });
     }
 
     /// The owner found this node's stale copy of `target` (entity tag `etag`) unchanged.

@@ -9,30 +9,37 @@ use std::time::{Duration, Instant};
 use common::{eventually, pattern, write, TestNode};
 use switchyard_admin::cluster::ClusterStatus;
 use switchyard_handoff::link::ControlAddr;
-use switchyard_node::{ClusterConfig, Member, NodeConfig};
+use switchyard_node::{ClusterConfig, ClusterMechanism, Member, NodeConfig};
 
 const WAIT: Duration = Duration::from_secs(10);
 const TARGETS: usize = 20;
 const THRESHOLD: f64 = 4.0;
 const BIG: usize = 200_000;
+/// Big objects `/big0.bin` …: one of them is `n1`'s.
+const BIGS: usize = 8;
 
 fn fill(i: usize) -> impl FnOnce(&std::path::Path) {
     move |root| {
         for t in 0..TARGETS {
             write(root, &format!("t{t}.txt"), format!("n{i}:t{t}").as_bytes());
         }
-        write(root, "big.bin", &pattern(BIG, i as u8 + 1));
+        for k in 0..BIGS {
+            write(root, &format!("big{k}.bin"), &pattern(BIG, i as u8 + 1));
+        }
     }
 }
 
 struct Pair {
     nodes: Vec<TestNode>,
+    mechanism: ClusterMechanism,
     _sockets: tempfile::TempDir,
 }
 
 impl Pair {
     /// Two members, `n0` and `n1`, hot from `THRESHOLD` references, each changed by `tweak`.
-    fn start(tweak: impl Fn(&mut NodeConfig)) -> Pair {
+    /// `n0` serves the requests `n1` owns by `mechanism` (with `fetch`, from `n1`'s HTTP
+    /// listener: cache forwarding with replication, seed 000's CF-REP); `n1` clones.
+    fn start(mechanism: ClusterMechanism, tweak: impl Fn(&mut NodeConfig)) -> Pair {
         let sockets = tempfile::tempdir().unwrap();
         let members: Vec<Member> = (0..2)
             .map(|i| Member {
@@ -40,25 +47,42 @@ impl Pair {
                 control: ControlAddr::Unix(sockets.path().join(format!("n{i}.sock"))),
             })
             .collect();
-        let nodes: Vec<TestNode> = (0..2)
-            .map(|i| {
-                TestNode::start(fill(i), |c| {
-                    c.workers = 2;
-                    let mut cluster = ClusterConfig::new(format!("n{i}"), members.clone());
-                    cluster.replication.hot_threshold = THRESHOLD;
-                    // No aging while a test runs: counts stay as the test made them.
-                    cluster.replication.aging_interval_ms = 3_600_000;
-                    c.cluster = Some(cluster);
-                    tweak(c);
-                })
+        let start = |i: usize, n1_http: Option<std::net::SocketAddr>| {
+            TestNode::start(fill(i), |c| {
+                c.workers = 2;
+                let mut cluster = ClusterConfig::new(format!("n{i}"), members.clone());
+                cluster.replication.hot_threshold = THRESHOLD;
+                // No aging while a test runs: counts stay as the test made them.
+                cluster.replication.aging_interval_ms = 3_600_000;
+                if let Some(addr) = n1_http {
+                    cluster.mechanism = ClusterMechanism::Fetch;
+                    cluster.http.insert("n1".into(), addr);
+                }
+                c.cluster = Some(cluster);
+                tweak(c);
             })
-            .collect();
+        };
+        // With `fetch`, n0 needs n1's HTTP listener: n1 starts first.
+        let n1 = start(1, None);
+        let n1_http = (mechanism == ClusterMechanism::Fetch).then_some(n1.addr);
+        let nodes = vec![start(0, n1_http), n1];
         for t in &nodes {
             assert!(t.rt.block_on(t.node.as_ref().unwrap().wait_for_peers(WAIT)));
         }
         Pair {
             nodes,
+            mechanism,
             _sockets: sockets,
+        }
+    }
+
+    /// Requests `n1` served for `n0`: clones it took, or fetches it answered.
+    fn moved_to_n1(&self) -> f64 {
+        match self.mechanism {
+            ClusterMechanism::Clone => self.metric(1, "switchyard_node_clones_in_total"),
+            ClusterMechanism::Fetch => {
+                self.metric(1, "switchyard_node_cluster_relayed_in_requests_total")
+            }
         }
     }
 
@@ -88,22 +112,31 @@ fn cluster_of(c: &mut NodeConfig) -> &mut ClusterConfig {
 
 #[test]
 fn a_hot_target_is_copied_to_the_peer_that_asks_and_served_there() {
-    let p = Pair::start(|_| {});
+    a_hot_target_is_copied_and_served_there(ClusterMechanism::Clone);
+}
+
+/// Cache forwarding with replication (CF-REP): the fetched response itself is the copy.
+#[test]
+fn a_hot_target_fetched_from_its_owner_is_kept_and_served_there() {
+    a_hot_target_is_copied_and_served_there(ClusterMechanism::Fetch);
+}
+
+fn a_hot_target_is_copied_and_served_there(mechanism: ClusterMechanism) {
+    let p = Pair::start(mechanism, |_| {});
     let t = p.owned_by_n1();
     let path = format!("/t{t}.txt");
     let body = format!("n1:t{t}");
     // The probe above was the first reference; the owner copies the target with the answer
     // that makes its count reach the threshold.
     let mut client = p.nodes[0].client();
-    let before_clones = p.metric(1, "switchyard_node_clones_in_total");
+    let before = p.moved_to_n1();
     for _ in 1..THRESHOLD as usize {
         let r = client.get(&path);
         assert_eq!((r.status, r.body.as_slice()), (200, body.as_bytes()));
+        // The copy's terms are between the nodes only.
+        assert_eq!(r.header("X-Switchyard-Copy"), None);
     }
-    assert_eq!(
-        p.metric(1, "switchyard_node_clones_in_total") - before_clones,
-        THRESHOLD - 1.0
-    );
+    assert_eq!(p.moved_to_n1() - before, THRESHOLD - 1.0);
     assert_eq!(p.metric(1, "switchyard_node_objects_shipped_total"), 1.0);
     assert!(eventually(WAIT, || p.metric(0, "switchyard_node_replicas") == 1.0));
     assert_eq!(
@@ -112,7 +145,7 @@ fn a_hot_target_is_copied_to_the_peer_that_asks_and_served_there() {
     );
     // From now on n0 answers it itself, with the owner's bytes and validators.
     let from_owner = p.nodes[1].client().get(&path);
-    let clones = p.metric(1, "switchyard_node_clones_in_total");
+    let moved = p.moved_to_n1();
     for _ in 0..10 {
         let r = client.get(&path);
         assert_eq!((r.status, r.body.as_slice()), (200, body.as_bytes()));
@@ -124,7 +157,7 @@ fn a_hot_target_is_copied_to_the_peer_that_asks_and_served_there() {
         assert_eq!(r.header("Content-Type"), from_owner.header("Content-Type"));
     }
     assert_eq!(p.metric(0, "switchyard_node_replica_hits_total"), 10.0);
-    assert_eq!(p.metric(1, "switchyard_node_clones_in_total"), clones);
+    assert_eq!(p.moved_to_n1(), moved);
     // A conditional request is answered from the copy as the owner would.
     let etag = from_owner.header("ETag").unwrap().to_owned();
     client.send(
@@ -160,10 +193,54 @@ fn a_hot_target_is_copied_to_the_peer_that_asks_and_served_there() {
     assert_eq!(s1.clones_outstanding, 0);
 }
 
+/// An owner offers a copy with a fetched response only to a peer member asking from that
+/// member's host, and never to a client that names no member or names the owner itself.
+#[test]
+fn a_copy_is_offered_only_to_a_member_that_fetches() {
+    let p = Pair::start(ClusterMechanism::Fetch, |_| {});
+    let t = p.owned_by_n1();
+    let path = format!("/t{t}.txt");
+    let mut client = p.nodes[0].client();
+    for _ in 1..THRESHOLD as usize {
+        client.get(&path);
+    }
+    assert_eq!(p.metric(1, "switchyard_node_objects_shipped_total"), 1.0);
+    let ask = |member: &str| {
+        let mut c = p.nodes[1].client();
+        c.send(
+            format!(
+                "GET {path} HTTP/1.1\r\nHost: t\r\nX-Switchyard-Relay: 1\r\n\
+                 X-Switchyard-Copy: 1048576 {member}\r\n\r\n"
+            )
+            .as_bytes(),
+        );
+        let r = c.response(false);
+        assert_eq!(r.status, 200);
+        r.header("X-Switchyard-Copy").map(str::to_owned)
+    };
+    for stranger in ["n9", "n1", "n0,n1", ""] {
+        assert_eq!(ask(stranger), None, "{stranger:?}");
+    }
+    assert_eq!(p.metric(1, "switchyard_node_objects_shipped_total"), 1.0);
+    // n0 is on this host: its name from here gets the terms, its holding counted once.
+    let terms = ask("n0").expect("a member on this host gets a copy");
+    assert!(terms.starts_with("copies=2 "), "{terms}");
+    assert_eq!(p.metric(1, "switchyard_node_objects_shipped_total"), 2.0);
+}
+
 #[test]
 fn cold_targets_stay_with_their_owner_and_the_replica_budget_holds() {
+    cold_targets_stay_and_the_budget_holds(ClusterMechanism::Clone);
+}
+
+#[test]
+fn cold_fetched_targets_stay_with_their_owner_and_the_replica_budget_holds() {
+    cold_targets_stay_and_the_budget_holds(ClusterMechanism::Fetch);
+}
+
+fn cold_targets_stay_and_the_budget_holds(mechanism: ClusterMechanism) {
     // Room for the small targets, not for the big one.
-    let p = Pair::start(|c| {
+    let p = Pair::start(mechanism, |c| {
         cluster_of(c).replication.replica_bytes = 100_000;
         cluster_of(c).replication.max_object_bytes = 1 << 20;
     });
@@ -176,25 +253,23 @@ fn cold_targets_stay_with_their_owner_and_the_replica_budget_holds() {
     }
     assert_eq!(p.metric(1, "switchyard_node_objects_shipped_total"), 0.0);
     assert_eq!(p.metric(0, "switchyard_node_replicas"), 0.0);
-    // The big object: wherever it lives, the peer's copy is refused by its budget.
-    let owner_of_big = {
-        let r = client.get("/big.bin");
-        assert_eq!(r.status, 200);
-        if r.body == pattern(BIG, 2) {
-            1
-        } else {
-            assert_eq!(r.body, pattern(BIG, 1));
-            0
-        }
-    };
-    let entry = 1 - owner_of_big;
-    let mut client = p.nodes[entry].client();
+    // A big object of n1's, asked of n0 (which fetches it with `fetch`): the copy is
+    // offered and refused by n0's budget.
+    let big = (0..BIGS)
+        .map(|k| format!("/big{k}.bin"))
+        .find(|path| {
+            let r = client.get(path);
+            assert_eq!(r.status, 200);
+            r.body == pattern(BIG, 2)
+        })
+        .expect("n1 owns one of the big objects");
     for _ in 0..2 * THRESHOLD as usize {
-        let r = client.get("/big.bin");
+        let r = client.get(&big);
         assert_eq!(r.status, 200);
-        assert_eq!(r.body, pattern(BIG, owner_of_big as u8 + 1));
+        assert_eq!(r.body, pattern(BIG, 2));
     }
-    assert!(p.metric(owner_of_big, "switchyard_node_objects_shipped_total") >= 1.0);
+    assert!(p.metric(1, "switchyard_node_objects_shipped_total") >= 1.0);
+    let entry = 0;
     assert!(eventually(WAIT, || {
         p.metric(entry, "switchyard_node_replicas_rejected_total") >= 1.0
     }));
@@ -205,8 +280,19 @@ fn cold_targets_stay_with_their_owner_and_the_replica_budget_holds() {
 
 #[test]
 fn a_changed_file_is_not_served_from_an_old_copy_beyond_the_revalidation_interval() {
+    a_changed_file_is_not_served_from_an_old_copy(ClusterMechanism::Clone);
+}
+
+#[test]
+fn a_changed_file_is_not_served_from_an_old_fetched_copy_beyond_the_revalidation_interval() {
+    a_changed_file_is_not_served_from_an_old_copy(ClusterMechanism::Fetch);
+}
+
+fn a_changed_file_is_not_served_from_an_old_copy(mechanism: ClusterMechanism) {
     const REVALIDATE: Duration = Duration::from_millis(300);
-    let p = Pair::start(|c| c.cache_revalidate_ms = REVALIDATE.as_millis() as u64);
+    let p = Pair::start(mechanism, |c| {
+        c.cache_revalidate_ms = REVALIDATE.as_millis() as u64
+    });
     let t = p.owned_by_n1();
     let path = format!("/t{t}.txt");
     let mut client = p.nodes[0].client();
@@ -262,7 +348,9 @@ fn a_changed_file_is_not_served_from_an_old_copy_beyond_the_revalidation_interva
 #[test]
 fn an_unchanged_copy_is_renewed_by_its_owner_rather_than_sent_again() {
     const REVALIDATE: Duration = Duration::from_millis(200);
-    let p = Pair::start(|c| c.cache_revalidate_ms = REVALIDATE.as_millis() as u64);
+    let p = Pair::start(ClusterMechanism::Clone, |c| {
+        c.cache_revalidate_ms = REVALIDATE.as_millis() as u64
+    });
     let t = p.owned_by_n1();
     let path = format!("/t{t}.txt");
     let body = format!("n1:t{t}");
