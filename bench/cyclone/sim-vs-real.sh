@@ -8,7 +8,7 @@
 #   bench/cyclone/sim-vs-real.sh real        # the real log LOG (default the 2015 Apache log)
 #
 # Settings (environment): NODES=4 CLIENTS=38 SCALE=0.01 REQUESTS=20000 SEED=1
-# SYSTEMS="RR SC Cyclone" SETTING=static|defaults DISK_US=20000 TOLERANCE=0.05 PORT ADMIN_PORT
+# SYSTEMS="RR CF-LRU CF-LFU CF-REP SC Cyclone" SETTING=static|defaults DISK_US=20000 TOLERANCE=0.05 PORT ADMIN_PORT
 # BIN (a switchyard binary; default: the release build, made here) KEEP=1 (keep the work dir).
 #
 # What runs (README.md, "The simulator against a real cluster"): `trace root` makes the

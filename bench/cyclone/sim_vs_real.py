@@ -29,7 +29,8 @@ CLIENTS = int(env("CLIENTS", "38"))
 SCALE = float(env("SCALE", "0.01"))
 REQUESTS = int(env("REQUESTS", "20000"))
 SEED = int(env("SEED", "1"))
-SYSTEMS = env("SYSTEMS", "RR SC Cyclone").split()
+SYSTEMS = env("SYSTEMS", "RR CF-LRU CF-LFU CF-REP SC Cyclone").split()
+KNOWN = {"RR", "CF-LRU", "CF-LFU", "CF-REP", "SC", "Cyclone"}
 SETTING = env("SETTING", "static")
 DISK_US = int(env("DISK_US", "20000"))
 TOL = float(env("TOLERANCE", "0.05"))
@@ -44,6 +45,16 @@ CAL_REQUESTS = int(env("CAL_REQUESTS", "2000"))
 
 HOT, FRESH_MS, AGING_MS = replication_settings(SETTING)
 REPLICA_BYTES = os.environ.get("REPLICA_BYTES")
+for _s in SYSTEMS:
+    if _s not in KNOWN:
+        sys.exit(f"unknown system {_s} (known: {' '.join(sorted(KNOWN))})")
+
+
+def node_setup(system):
+    """How the nodes of `system` run: (cooperative, replicating, fetching, object cache policy),
+    as the simulator models them (`main_cache_kind`: LFU for CF-LFU and CF-REP)."""
+    return (system != "RR", system in ("CF-REP", "Cyclone"), system.startswith("CF"),
+            "lfu" if system in ("CF-LFU", "CF-REP") else "lru")
 
 
 def metrics(admin):
@@ -57,8 +68,8 @@ class Cluster:
     over them round robin, as LVS does and the simulator models), each with its own object cache,
     emulated disk and, cooperative, replica cache."""
 
-    def __init__(self, work, root, nodes, cooperative, replicate, cache_bytes, replica_bytes,
-                 disk_us, tag):
+    def __init__(self, work, root, nodes, system, cache_bytes, replica_bytes, disk_us, tag):
+        cooperative, replicate, fetch, policy = node_setup(system)
         self.procs, self.admins = [], []
         self.addrs = [f"127.0.0.1:{PORT + i}" for i in range(nodes)]
         sockets = os.path.join(work, f"ctl-{tag}")
@@ -72,11 +83,15 @@ class Cluster:
             admin = ADMIN + i
             args = [BIN, "--config", cfg, "--log-format", "text", "node",
                     "--listen", f"127.0.0.1:{PORT + i}", "--admin", f"127.0.0.1:{admin}",
-                    "--root", root, "--cache-bytes", str(cache_bytes), "--cache-policy", "lru",
+                    "--root", root, "--cache-bytes", str(cache_bytes), "--cache-policy", policy,
                     "--workers", "1", "--disk-latency-us", str(disk_us),
                     "--handoff-unix", f"{sockets}/n{i + 1}.sock"]
             if cooperative:
                 args += ["--cooperative", "--name", f"n{i + 1}"]
+            if fetch:
+                args += ["--cluster-mechanism", "fetch"]
+                for k in range(nodes):
+                    args += ["--member-http", f"n{k + 1}=127.0.0.1:{PORT + k}"]
             p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                  stderr=open(os.path.join(work, f"{tag}-n{i + 1}.log"), "w"),
                                  env={**os.environ, "RUST_LOG": "warn"})
@@ -105,7 +120,8 @@ class Cluster:
                  "switchyard_node_replica_hits", "switchyard_node_clones_out",
                  "switchyard_node_objects_shipped", "switchyard_node_clone_fallbacks",
                  "switchyard_node_cache_rejections", "switchyard_node_replicas_received",
-                 "switchyard_node_replicas_evicted", "switchyard_node_replicas_rejected"]
+                 "switchyard_node_replicas_evicted", "switchyard_node_replicas_rejected",
+                 "switchyard_node_cluster_fetches"]
         return {n: sum(counter(m, n) for m in ms) for n in names}
 
     def stop(self):
@@ -135,8 +151,8 @@ def replay(cluster, trace, clients, requests=None):
 
 def real_run(work, root, trace, system, nodes, cache_bytes, replica_bytes, disk_us, clients,
              requests=None):
-    c = Cluster(work, root, nodes, system != "RR", system == "Cyclone", cache_bytes,
-                replica_bytes, disk_us, f"{system}-{nodes}")
+    c = Cluster(work, root, nodes, system, cache_bytes, replica_bytes, disk_us,
+                f"{system}-{nodes}")
     try:
         replay(c, trace, clients, requests)  # the warm-up pass
         before = c.snapshot()
@@ -155,6 +171,7 @@ def real_run(work, root, trace, system, nodes, cache_bytes, replica_bytes, disk_
         "replica_hit_rate": d["switchyard_node_replica_hits"] / n,
         "disk_rate": d["switchyard_node_cache_misses"] / n,
         "clones_per_request": d["switchyard_node_clones_out"] / n,
+        "fetches_per_request": d["switchyard_node_cluster_fetches"] / n,
         "copies_shipped": d["switchyard_node_objects_shipped"],
         "replicas_received": d["switchyard_node_replicas_received"],
         "replicas_evicted": d["switchyard_node_replicas_evicted"],
@@ -172,17 +189,27 @@ def sim_run(trace, systems, nodes, cache_bytes, replica_bytes, disk_us, clients,
     return {r["system"]: r["pass"] for r in runs}
 
 
-def calibrate(work, root, trace, total_bytes):
-    """CPU per request and per clone on this machine, from the client's mean latency at one
-    connection (nothing queues): one node alone serving from memory, then two cooperative
-    nodes serving from memory, where a share of the requests is cloned."""
+def calibrate(work, root, trace, total_bytes, fetching):
+    """CPU per request, per clone and (`fetching`) per fetch on this machine, from the client's
+    mean latency at one connection (nothing queues): one node alone serving from memory, then
+    two cooperative nodes serving from memory, where a share of the requests is cloned, or
+    fetched. A fetch's owner is charged what serving a request costs, the fetching node the
+    rest."""
     big = total_bytes * 2 + (1 << 20)
     one = real_run(work, root, trace, "RR", 1, big, 0, 0, 1, CAL_REQUESTS)
     two = real_run(work, root, trace, "SC", 2, big, 0, 0, 1, CAL_REQUESTS)
     request_us = one["mean_latency_us"]
     clone_us = max(0.0, (two["mean_latency_us"] - request_us) / max(two["clones_per_request"], 1e-9))
-    return {"request_us": request_us, "clone_us": clone_us, "connect_us": 0.0,
-            "teardown_us": 0.0, "transmit_per_512_us": 0.0}, one, two
+    costs = {"request_us": request_us, "clone_us": clone_us, "connect_us": 0.0,
+             "teardown_us": 0.0, "transmit_per_512_us": 0.0, "receive_per_512_us": 0.0}
+    fetch = None
+    if fetching:
+        fetch = real_run(work, root, trace, "CF-LRU", 2, big, 0, 0, 1, CAL_REQUESTS)
+        per_fetch = max(0.0, (fetch["mean_latency_us"] - request_us)
+                        / max(fetch["fetches_per_request"], 1e-9))
+        costs["fetch_serve_us"] = min(request_us, per_fetch)
+        costs["fetch_request_us"] = per_fetch - costs["fetch_serve_us"]
+    return costs, one, two, fetch
 
 
 ROWS = [  # (figure, key, held to the tolerance)
@@ -192,6 +219,7 @@ ROWS = [  # (figure, key, held to the tolerance)
     ("replica hits", "replica_hit_rate", True),
     ("misses", "disk_rate", True),
     ("clones/req", "clones_per_request", True),
+    ("fetches/req", "fetches_per_request", True),
 ]
 
 
@@ -222,7 +250,8 @@ def main():
         scale = total / BERKELEY_BYTES
         cache_bytes = int(round(100e6 * scale))
         replica_bytes = int(REPLICA_BYTES) if REPLICA_BYTES else int(round(12e6 * scale))
-        costs, one, two = calibrate(work, root, trace, total)
+        costs, one, two, fetch = calibrate(work, root, trace, total,
+                                           any(s.startswith("CF") for s in SYSTEMS))
         head = (f"trace: {name}: {total / 1e6:.1f} MB in the root; {NODES} nodes, {CLIENTS} clients, "
                 f"{cache_bytes} B cache and {replica_bytes} B replicas per node, setting {SETTING} "
                 f"(hot from {HOT:g}, copies fresh {FRESH_MS} ms, aging {AGING_MS} ms), "
@@ -230,6 +259,11 @@ def main():
                 f"calibrated: request {costs['request_us']:.1f} us (1 node, 1 client, from memory: "
                 f"{one['mean_latency_us']:.1f} us), clone {costs['clone_us']:.1f} us (2 nodes, "
                 f"{two['clones_per_request']:.3f} clones/request, {two['mean_latency_us']:.1f} us)")
+        if fetch:
+            head += (f", fetch {costs['fetch_request_us']:.1f} us on the fetching node and "
+                     f"{costs['fetch_serve_us']:.1f} us on the owner (2 nodes, "
+                     f"{fetch['fetches_per_request']:.3f} fetches/request, "
+                     f"{fetch['mean_latency_us']:.1f} us)")
         print(head, flush=True)
         real = {}
         for system in SYSTEMS:

@@ -2,8 +2,10 @@
 //! seed 000's replayed on three real `switchyard node --cooperative` processes on this host
 //! (after a warm-up pass, as the simulator measures after one; request i to node i mod 3 with
 //! `load --spread`, the simulator's round robin) and simulated by `switchyard
-//! sim cyclone` with the same node count, caches, replication settings and clients; the hit
-//! rates the nodes count must be within 5 % of the simulated ones. `bench/cyclone/sim-vs-real.sh`
+//! sim cyclone` with the same node count, caches, replication settings and clients, for cache
+//! forwarding without and with replication (CF-LRU, CF-REP) and socket cloning without and with
+//! it (SC, Cyclone); the hit, clone and fetch rates the nodes count must be within 5 % of the
+//! simulated ones. `bench/cyclone/sim-vs-real.sh`
 //! does the same at scale, with throughput.
 //!
 //! Throughput is not compared here: on this host the nodes' limit is the CPU they share with
@@ -28,6 +30,10 @@ const CLIENTS: usize = 8;
 const FOREVER_MS: u64 = 3_600_000;
 const HOT: f64 = 8.0;
 const TOLERANCE: f64 = 0.05;
+/// Memory hits, misses, replica hits, clones and fetches (per request).
+const FIGURES: usize = 5;
+/// The systems compared, in the simulator's order.
+const SYSTEMS: [&str; 4] = ["CF-LRU", "CF-REP", "SC", "Cyclone"];
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_switchyard"))
@@ -85,8 +91,15 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn start(dir: &Path, root: &Path, cache: u64, replicas: u64, replicate: bool) -> Self {
-        let tag = if replicate { "cyclone" } else { "sc" };
+    /// `NODES` nodes running `system` as the simulator models it: cache forwarding
+    /// (`fetch`, from every member's HTTP listener) for the CF systems, socket cloning
+    /// otherwise; replication for CF-REP and Cyclone; LFU object caches for CF-REP.
+    fn start(dir: &Path, root: &Path, cache: u64, replicas: u64, system: &str) -> Self {
+        let replicate = matches!(system, "CF-REP" | "Cyclone");
+        let fetch = system.starts_with("CF");
+        let policy = if system == "CF-REP" { "lfu" } else { "lru" };
+        let tag = system.to_ascii_lowercase();
+        let ports: Vec<u16> = (0..NODES).map(|_| free_port()).collect();
         let sockets = dir.join(format!("ctl-{tag}"));
         std::fs::create_dir_all(&sockets).unwrap();
         let members: Vec<String> = (1..=NODES)
@@ -113,18 +126,30 @@ impl Cluster {
         let mut addrs = Vec::new();
         for i in 1..=NODES {
             let admin = free_port();
-            let port = free_port();
-            let child = bin()
-                .arg("--config")
+            let port = ports[i - 1];
+            let mut cmd = bin();
+            cmd.arg("--config")
                 .arg(&config)
                 .args(["node", "--cooperative", "--name", &format!("n{i}")])
                 .args(["--listen", &format!("127.0.0.1:{port}")])
                 .args(["--admin", &format!("127.0.0.1:{admin}")])
                 .arg("--root")
                 .arg(root)
-                .args(["--cache-bytes", &cache.to_string(), "--cache-policy", "lru"])
+                .args([
+                    "--cache-bytes",
+                    &cache.to_string(),
+                    "--cache-policy",
+                    policy,
+                ])
                 .args(["--workers", "1", "--handoff-unix"])
-                .arg(sockets.join(format!("n{i}.sock")))
+                .arg(sockets.join(format!("n{i}.sock")));
+            if fetch {
+                cmd.args(["--cluster-mechanism", "fetch"]);
+                for (k, p) in ports.iter().enumerate() {
+                    cmd.args(["--member-http", &format!("n{}=127.0.0.1:{p}", k + 1)]);
+                }
+            }
+            let child = cmd
                 .env("RUST_LOG", "warn")
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
@@ -151,9 +176,9 @@ impl Cluster {
         c
     }
 
-    /// Cache hits, cache misses, replica hits and clones of every node together.
-    fn counts(&self) -> [f64; 4] {
-        let mut t = [0.0; 4];
+    /// Cache hits, cache misses, replica hits, clones and fetches of every node together.
+    fn counts(&self) -> [f64; FIGURES] {
+        let mut t = [0.0; FIGURES];
         for &a in &self.admins {
             let m = metrics(a).expect("the node's metrics");
             for (i, name) in [
@@ -161,6 +186,7 @@ impl Cluster {
                 "switchyard_node_cache_misses",
                 "switchyard_node_replica_hits",
                 "switchyard_node_clones_out",
+                "switchyard_node_cluster_fetches",
             ]
             .iter()
             .enumerate()
@@ -209,23 +235,23 @@ fn replay(c: &Cluster, trace: &Path) -> u64 {
     ok
 }
 
-/// The real cluster's shares over the measured pass: memory hits, misses, replica hits and
-/// clones per request.
+/// The real cluster's shares over the measured pass: memory hits, misses, replica hits,
+/// clones and fetches per request.
 fn real(
     dir: &Path,
     root: &Path,
     trace: &Path,
     cache: u64,
     replicas: u64,
-    replicate: bool,
-) -> [f64; 4] {
-    let c = Cluster::start(dir, root, cache, replicas, replicate);
+    system: &str,
+) -> [f64; FIGURES] {
+    let c = Cluster::start(dir, root, cache, replicas, system);
     replay(&c, trace);
     let before = c.counts();
     let n = replay(&c, trace) as f64;
     let after = c.counts();
-    let mut shares = [0.0; 4];
-    for i in 0..4 {
+    let mut shares = [0.0; FIGURES];
+    for i in 0..FIGURES {
         shares[i] = (after[i] - before[i]) / n;
     }
     // Every request is counted once: from an object cache (hit or miss) or from a replica.
@@ -268,7 +294,12 @@ fn the_simulator_predicts_a_real_cooperative_clusters_hit_rates() {
         bin()
             .args(["sim", "cyclone", "--trace"])
             .arg(&trace)
-            .args(["--nodes", &NODES.to_string(), "--systems", "SC,Cyclone"])
+            .args([
+                "--nodes",
+                &NODES.to_string(),
+                "--systems",
+                &SYSTEMS.join(","),
+            ])
             .args(["--clients", &CLIENTS.to_string()])
             .args(["--cache-bytes", &cache.to_string()])
             .args(["--replica-bytes", &replicas.to_string()])
@@ -286,7 +317,7 @@ fn the_simulator_predicts_a_real_cooperative_clusters_hit_rates() {
             .args(["--threads", "1", "--json"]),
     );
     let mut failures = Vec::new();
-    for (i, (system, replicate)) in [("SC", false), ("Cyclone", true)].into_iter().enumerate() {
+    for (i, system) in SYSTEMS.into_iter().enumerate() {
         let p = &sim["runs"][i]["pass"];
         assert_eq!(sim["runs"][i]["system"], system);
         let simulated = [
@@ -294,11 +325,18 @@ fn the_simulator_predicts_a_real_cooperative_clusters_hit_rates() {
             p["disk_rate"].as_f64().unwrap(),
             p["replica_hit_rate"].as_f64().unwrap(),
             p["clones_per_request"].as_f64().unwrap(),
+            p["fetches_per_request"].as_f64().unwrap(),
         ];
-        let measured = real(dir.path(), &root, &trace, cache, replicas, replicate);
-        for (k, name) in ["memory hits", "misses", "replica hits", "clones/request"]
-            .iter()
-            .enumerate()
+        let measured = real(dir.path(), &root, &trace, cache, replicas, system);
+        for (k, name) in [
+            "memory hits",
+            "misses",
+            "replica hits",
+            "clones/request",
+            "fetches/request",
+        ]
+        .iter()
+        .enumerate()
         {
             let (a, b) = (simulated[k], measured[k]);
             let big = a.max(b);
@@ -314,11 +352,14 @@ fn the_simulator_predicts_a_real_cooperative_clusters_hit_rates() {
                 failures.push(format!("{system} {name}: simulated {a:.4}, real {b:.4}"));
             }
         }
-        if replicate {
+        if matches!(system, "CF-REP" | "Cyclone") {
             assert!(
                 measured[2] > 0.05,
-                "Cyclone serves from replicas: {measured:?}"
+                "{system} serves from replicas: {measured:?}"
             );
+        }
+        if system.starts_with("CF") {
+            assert!(measured[4] > 0.2, "{system} fetches: {measured:?}");
         }
     }
     assert!(failures.is_empty(), "over 5 %: {failures:?}");

@@ -1151,9 +1151,10 @@ impl<R: Router> Conn<'_, R> {
             RangeDecision::Partial { start, end } => (206, start, end - start + 1),
             RangeDecision::Unsatisfiable => (416, 0, 0),
         };
-        // A peer fetching a hot object whole from memory here may keep it as its copy.
+        // A peer fetching a hot object whole may keep it as its copy, if the object is (now) in
+        // memory here: as a cloning peer gets one after the owner answered.
         let copy = match (&self.copy_to, &self.ctx.replication, decision) {
-            (Some(to), Some(r), RangeDecision::Full) if hit && head.method == Method::Get => {
+            (Some(to), Some(r), RangeDecision::Full) if head.method == Method::Get => {
                 r.copy_offer(&self.ctx.store, &to.key, &to.peer, to.max_bytes)
             }
             _ => None,

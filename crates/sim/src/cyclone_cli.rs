@@ -99,6 +99,12 @@ pub struct CycloneArgs {
     /// Cache forwarding: CPU per fetch on the fetching node, µs.
     #[arg(long)]
     pub fetch_request_us: Option<f64>,
+    /// Cache forwarding: CPU per fetch on the owner (lookup and reply), µs.
+    #[arg(long)]
+    pub fetch_serve_us: Option<f64>,
+    /// CPU per 512 bytes received from a peer and stored (a fetched object or a copy), µs.
+    #[arg(long)]
+    pub receive_per_512_us: Option<f64>,
     /// Connection establishment on the node the client reached, µs.
     #[arg(long)]
     pub connect_us: Option<f64>,
@@ -189,6 +195,12 @@ fn config(a: &CycloneArgs, scale: f64) -> Result<CoopConfig, SimError> {
     }
     if let Some(v) = a.fetch_request_us {
         c.costs.fetch_request_us = v;
+    }
+    if let Some(v) = a.fetch_serve_us {
+        c.costs.fetch_serve_us = v;
+    }
+    if let Some(v) = a.receive_per_512_us {
+        c.costs.receive_per_512_us = v;
     }
     if let Some(v) = a.connect_us {
         c.costs.connect_us = v;
