@@ -9,7 +9,9 @@
 #
 # Settings (environment): NODES=4 CLIENTS=38 SCALE=0.01 REQUESTS=20000 SEED=1
 # SYSTEMS="RR CF-LRU CF-LFU CF-REP SC Cyclone" SETTING=static|defaults DISK_US=20000 TOLERANCE=0.05 PORT ADMIN_PORT
-# BIN (a switchyard binary; default: the release build, made here) KEEP=1 (keep the work dir).
+# BIN (a switchyard binary; default: the release build, made here) KEEP=1 (keep the work dir)
+# TW_SETTLE=1000 TW_WAIT_S=90 (before each real cluster, wait for the sockets earlier replays
+# left in TIME_WAIT to fall below TW_SETTLE, at most TW_WAIT_S seconds).
 #
 # What runs (README.md, "The simulator against a real cluster"): `trace root` makes the
 # document root from the trace; every node has the simulated cache sizes and an emulated disk

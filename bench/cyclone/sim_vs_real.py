@@ -42,6 +42,10 @@ ADMIN = int(env("ADMIN_PORT", "18500"))
 LOG = env("LOG", "/work/shared/data/usask_1995_excerpt.log")
 OUT = env("OUT", "bench/cyclone/results")
 CAL_REQUESTS = int(env("CAL_REQUESTS", "2000"))
+# Before each real cluster starts: wait (up to TW_WAIT_S seconds) for the sockets the replays
+# before it left in TIME_WAIT to fall below TW_SETTLE.
+TW_SETTLE = int(env("TW_SETTLE", "1000"))
+TW_WAIT_S = float(env("TW_WAIT_S", "90"))
 
 HOT, FRESH_MS, AGING_MS = replication_settings(SETTING)
 REPLICA_BYTES = os.environ.get("REPLICA_BYTES")
@@ -149,8 +153,27 @@ def replay(cluster, trace, clients, requests=None):
     return s
 
 
+def time_wait_sockets():
+    """TCP sockets in TIME_WAIT on this host (`ss -s`)."""
+    out = run(["ss", "-s"])
+    for line in out.splitlines():
+        if line.startswith("TCP:") and "timewait" in line:
+            return int(line.split("timewait")[1].split(")")[0].strip(" ,"))
+    return 0
+
+
+def settle(limit=TW_SETTLE, most=TW_WAIT_S):
+    """Wait until the replays before have left fewer than `limit` sockets in TIME_WAIT (at most
+    `most` seconds): a replay that starts among tens of thousands of them can fall into another
+    mode than the same replay on a settled machine (bench/RESULTS.md, the LFU systems)."""
+    deadline = time.time() + most
+    while time_wait_sockets() >= limit and time.time() < deadline:
+        time.sleep(1)
+
+
 def real_run(work, root, trace, system, nodes, cache_bytes, replica_bytes, disk_us, clients,
              requests=None):
+    settle()
     c = Cluster(work, root, nodes, system, cache_bytes, replica_bytes, disk_us,
                 f"{system}-{nodes}")
     try:
