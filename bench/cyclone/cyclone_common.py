@@ -45,6 +45,18 @@ def counter(m, name):
                k.startswith(name + "{") or k.startswith(name + "_total{"))
 
 
+# Seed 000 §5's six systems, in the order of its figures.
+SYSTEMS = ("RR", "CF-LRU", "CF-LFU", "CF-REP", "SC", "Cyclone")
+
+
+def node_setup(system):
+    """How the real nodes of `system` run, as the simulator models it: (cooperative,
+    replicating, fetching, object cache policy). CF-LFU and CF-REP keep their objects in LFU
+    caches (seed 000 §5: CF-REP "used LFU for non-replicated objects"), the others in LRU."""
+    return (system != "RR", system in ("CF-REP", "Cyclone"), system.startswith("CF"),
+            "lfu" if system in ("CF-LFU", "CF-REP") else "lru")
+
+
 def replication_settings(setting):
     """(hot threshold, copy freshness in ms, aging period in ms) of a setting, each overridable
     by HOT, FRESH_MS and AGING_MS in the environment: `static` for a site whose files do not

@@ -17,14 +17,15 @@ import sys
 import tempfile
 import time
 
-from cyclone_common import (BERKELEY_BYTES, counter, env, make_trace, parse_metrics,
-                            replication_settings, run, simulate, write_node_config)
+from cyclone_common import (BERKELEY_BYTES, SYSTEMS as KNOWN, counter, env, make_trace,
+                            node_setup, parse_metrics, replication_settings, run, simulate,
+                            write_node_config)
 
 
 BIN = os.path.abspath(env("BIN", "target/release/switchyard"))
 WHAT = sys.argv[1] if len(sys.argv) > 1 else "synthetic"
 NODES = [int(n) for n in env("NODES", "1 2 4 8").split()]
-SYSTEMS = env("SYSTEMS", "RR CF-LRU CF-LFU CF-REP SC Cyclone").split()
+SYSTEMS = env("SYSTEMS", " ".join(KNOWN)).split()
 CLIENTS = int(env("CLIENTS", "38"))
 LINK_MBIT = float(env("LINK_MBIT", "10"))
 SCALE = float(env("SCALE", "0.1"))
@@ -42,7 +43,6 @@ LOAD_TIMEOUT = env("LOAD_TIMEOUT", "30s")
 REQUEST_LOG_DIR = os.environ.get("REQUEST_LOG_DIR")
 
 HOT, FRESH_MS, AGING_MS = replication_settings(SETTING)
-KNOWN = {"RR", "CF-LRU", "CF-LFU", "CF-REP", "SC", "Cyclone"}
 for s in SYSTEMS:
     if s not in KNOWN:
         sys.exit(f"unknown system {s} (known: {' '.join(sorted(KNOWN))})")
@@ -174,14 +174,12 @@ class Lab:
 def system_args(system, cfg_rep, cfg_norep, cache_bytes):
     a = [f"--node-arg=--cache-bytes={cache_bytes}", f"--node-arg=--disk-latency-us={DISK_US}",
          "--node-arg=--workers=1"]
-    # Seed 000 §5: CF-REP keeps the objects it owns in an LFU cache, as the simulator does.
-    policy = "lfu" if system in ("CF-LFU", "CF-REP") else "lru"
+    cooperative, replicates, fetch, policy = node_setup(system)
     a.append(f"--node-arg=--cache-policy={policy}")
-    if system == "RR":
+    if not cooperative:
         return ["--cooperative", "--alone"] + a, False
-    replicates = system in ("CF-REP", "Cyclone")
     a.append(f"--node-arg=--config={cfg_rep if replicates else cfg_norep}")
-    if system.startswith("CF"):
+    if fetch:
         a.append("--node-arg=--cluster-mechanism=fetch")
     return ["--cooperative"] + a, True
 

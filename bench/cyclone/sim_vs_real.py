@@ -18,8 +18,9 @@ import tempfile
 import time
 import urllib.request
 
-from cyclone_common import (BERKELEY_BYTES, counter, env, make_trace, parse_metrics,
-                            replication_settings, run, simulate, write_node_config)
+from cyclone_common import (BERKELEY_BYTES, SYSTEMS as KNOWN, counter, env, make_trace,
+                            node_setup, parse_metrics, replication_settings, run, simulate,
+                            write_node_config)
 
 
 BIN = env("BIN", "target/release/switchyard")
@@ -29,8 +30,7 @@ CLIENTS = int(env("CLIENTS", "38"))
 SCALE = float(env("SCALE", "0.01"))
 REQUESTS = int(env("REQUESTS", "20000"))
 SEED = int(env("SEED", "1"))
-SYSTEMS = env("SYSTEMS", "RR CF-LRU CF-LFU CF-REP SC Cyclone").split()
-KNOWN = {"RR", "CF-LRU", "CF-LFU", "CF-REP", "SC", "Cyclone"}
+SYSTEMS = env("SYSTEMS", " ".join(KNOWN)).split()
 SETTING = env("SETTING", "static")
 DISK_US = int(env("DISK_US", "20000"))
 TOL = float(env("TOLERANCE", "0.05"))
@@ -52,13 +52,6 @@ REPLICA_BYTES = os.environ.get("REPLICA_BYTES")
 for _s in SYSTEMS:
     if _s not in KNOWN:
         sys.exit(f"unknown system {_s} (known: {' '.join(sorted(KNOWN))})")
-
-
-def node_setup(system):
-    """How the nodes of `system` run: (cooperative, replicating, fetching, object cache policy),
-    as the simulator models them (`main_cache_kind`: LFU for CF-LFU and CF-REP)."""
-    return (system != "RR", system in ("CF-REP", "Cyclone"), system.startswith("CF"),
-            "lfu" if system in ("CF-LFU", "CF-REP") else "lru")
 
 
 def metrics(admin):

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use switchyard_handoff::netns::NetNs;
 use switchyard_testkit::http::{get_once, read_response};
 use switchyard_testkit::root;
+use switchyard_testkit::wait::{eventually, holds_for};
 
 mod lab_support;
 use lab_support::{read_all, Lab, SlowReader};
@@ -765,35 +766,24 @@ fn a_slow_reader_of_a_clone_gets_the_whole_response() {
     });
     // Those clones' entries linger for the FIN exchange: let them go first.
     let entries = "switchyard_node_cluster_steering_entries";
-    let until = Instant::now() + Duration::from_secs(10);
     for i in 0..NODES {
-        while lab.metric(i, entries) > 0.0 {
-            assert!(
-                Instant::now() < until,
-                "node{i}'s entries stay\n{}",
-                lab.logs()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        assert!(
+            eventually(Duration::from_secs(10), || lab.metric(i, entries) == 0.0),
+            "node{i}'s entries stay\n{}",
+            lab.logs()
+        );
     }
     let client = SlowReader::connect(&lab, read_all);
     // The entry node is the one holding the client's connection; ask for a file another owns.
-    let port = client.port;
-    let sockets = |i: usize, args: &[&str]| -> String {
-        let (ns, _) = lab.host(&format!("node{i}"));
-        let out = std::process::Command::new("ip")
-            .args(["netns", "exec", &ns, "ss", "-Htn"])
-            .args(args)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    let dport = format!(":{port}");
+    let dport = format!(":{}", client.port);
     let entry = (0..NODES)
         .find(|&i| {
-            !sockets(i, &["state", "established", "dport", "=", &dport])
-                .trim()
-                .is_empty()
+            !lab.sockets(
+                &format!("node{i}"),
+                &["state", "established", "dport", "=", &dport],
+            )
+            .trim()
+            .is_empty()
         })
         .expect("a node holds the client's connection");
     let m = (0..MIDS)
@@ -803,35 +793,22 @@ fn a_slow_reader_of_a_clone_gets_the_whole_response() {
     client.ask(format!("GET /s{m}.bin HTTP/1.0\r\n\r\n").as_bytes());
     // The owner has queued the answer and shut its side down, with bytes the client has not
     // acknowledged: its restored socket is in FIN-WAIT-1 with a send queue.
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        let waiting = sockets(owner, &["state", "fin-wait-1", "dport", "=", &dport]);
-        if waiting
-            .lines()
-            .any(|l| l.split_whitespace().nth(1).is_some_and(|q| q != "0"))
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < until,
-            "node{owner} never queued the answer to /s{m}.bin\n{}",
-            lab.logs()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            lab.queued_close(&format!("node{owner}"), &["dport", "=", &dport])
+        }),
+        "node{owner} never queued the answer to /s{m}.bin\n{}",
+        lab.logs()
+    );
     assert_eq!(lab.metric(entry, entries), 1.0, "{}", lab.logs());
     // Had the owner reported the clone closed, the entry would go 2 s later (and within the
     // entry node's 100 ms expiry tick): watch it for longer than that before the client reads.
-    let until = Instant::now() + Duration::from_millis(2500);
-    while Instant::now() < until {
-        assert_eq!(
-            lab.metric(entry, entries),
-            1.0,
-            "node{entry}'s steering entry went while the client had not the whole answer\n{}",
-            lab.logs()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    assert!(
+        holds_for(Duration::from_millis(2500), || lab.metric(entry, entries)
+            == 1.0),
+        "node{entry}'s steering entry went while the client had not the whole answer\n{}",
+        lab.logs()
+    );
     let (read, all) = client.read();
     assert!(
         read.is_ok(),
@@ -845,14 +822,11 @@ fn a_slow_reader_of_a_clone_gets_the_whole_response() {
         all.len()
     );
     // Once the client has closed, so has the owner, and the entry goes.
-    let until = Instant::now() + Duration::from_secs(10);
-    while lab.metric(entry, entries) > 0.0 {
-        assert!(
-            Instant::now() < until,
-            "node{entry}'s steering entry stays after the clone closed\n{}",
-            lab.logs()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    assert!(
+        eventually(Duration::from_secs(10), || lab.metric(entry, entries)
+            == 0.0),
+        "node{entry}'s steering entry stays after the clone closed\n{}",
+        lab.logs()
+    );
     assert_eq!(lab.metric(entry, "switchyard_node_clones_lost_total"), 0.0);
 }

@@ -15,6 +15,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use switchyard_testkit::http::{get_once, read_response};
+use switchyard_testkit::wait::{eventually, holds_for};
 use switchyard_testkit::{pipeline, root};
 
 mod lab_support;
@@ -554,15 +555,11 @@ fn a_slow_reader_gets_the_whole_response_after_the_node_closes() {
     let lab = up('w', &["--root", &root, &config]);
     lab.wait_for_a_handoff("/small");
     let entries = "switchyard_handoff_steering_entries";
-    let until = Instant::now() + Duration::from_secs(10);
-    while lab.metric(entries) > 0.0 {
-        assert!(
-            Instant::now() < until,
-            "steering entries stay\n{}",
-            lab.logs()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(
+        eventually(Duration::from_secs(10), || lab.metric(entries) == 0.0),
+        "steering entries stay\n{}",
+        lab.logs()
+    );
     let moved = lab.metric("switchyard_handoff_repair_total");
     let closed = lab.metric("switchyard_handoff_requests_total");
 
@@ -571,27 +568,15 @@ fn a_slow_reader_gets_the_whole_response_after_the_node_closes() {
     // The node has queued the answer and shut its side down, with bytes the client has not
     // acknowledged: its socket is in FIN-WAIT-1 with a send queue.
     let vip_port = lab.vip().to_string();
-    let queued = || {
-        ["node0", "node1"].iter().any(|n| {
-            let (ns, _) = lab.host(n);
-            let out = in_ns(
-                &ns,
-                &["ss", "-Htn", "state", "fin-wait-1", "src", &vip_port],
-            );
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .any(|l| l.split_whitespace().nth(1).is_some_and(|q| q != "0"))
-        })
-    };
-    let until = Instant::now() + Duration::from_secs(10);
-    while !queued() {
-        assert!(
-            Instant::now() < until,
-            "no node queued the answer\n{}",
-            lab.logs()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            ["node0", "node1"]
+                .iter()
+                .any(|n| lab.queued_close(n, &["src", &vip_port]))
+        }),
+        "no node queued the answer\n{}",
+        lab.logs()
+    );
     assert_eq!(lab.metric("switchyard_handoff_repair_total"), moved + 1.0);
     // The switch's gauge of live entries is refreshed on its expiry tick (100 ms): it shows
     // this connection's entry within a tick. Had the node reported the connection closed, the
@@ -607,29 +592,20 @@ fn a_slow_reader_gets_the_whole_response_after_the_node_closes() {
             .collect::<Vec<_>>()
             .join("\n")
     };
-    let until = Instant::now() + Duration::from_secs(10);
-    while lab.metric(entries) < 1.0 {
-        assert!(
-            Instant::now() < until,
-            "the switch never showed the connection's steering entry\n{}\n{}\n{}",
-            lab.switch_metrics(),
-            node_sockets(),
-            lab.logs()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let until = Instant::now() + Duration::from_secs(1);
-    while Instant::now() < until {
-        assert_eq!(
-            lab.metric(entries),
-            1.0,
-            "the steering entry went while the client had not the whole response\n{}\n{}\n{}",
-            lab.switch_metrics(),
-            node_sockets(),
-            lab.logs()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(
+        eventually(Duration::from_secs(10), || lab.metric(entries) >= 1.0),
+        "the switch never showed the connection's steering entry\n{}\n{}\n{}",
+        lab.switch_metrics(),
+        node_sockets(),
+        lab.logs()
+    );
+    assert!(
+        holds_for(Duration::from_secs(1), || lab.metric(entries) == 1.0),
+        "the steering entry went while the client had not the whole response\n{}\n{}\n{}",
+        lab.switch_metrics(),
+        node_sockets(),
+        lab.logs()
+    );
     let (read, all) = client.read();
     assert!(
         read.is_ok(),
@@ -648,16 +624,14 @@ fn a_slow_reader_gets_the_whole_response_after_the_node_closes() {
         all.len()
     );
     // Once the client has closed, so does the node, and the entry goes.
-    let until = Instant::now() + Duration::from_secs(10);
-    while lab.metric(entries) > 0.0 || lab.metric("switchyard_handoff_requests_total") <= closed {
-        assert!(
-            Instant::now() < until,
-            "the node never reported the connection closed\n{}\n{}",
-            lab.switch_metrics(),
-            lab.logs()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            lab.metric(entries) == 0.0 && lab.metric("switchyard_handoff_requests_total") > closed
+        }),
+        "the node never reported the connection closed\n{}\n{}",
+        lab.switch_metrics(),
+        lab.logs()
+    );
     assert_eq!(lab.abandoned(), 0.0);
 }
 

@@ -90,6 +90,28 @@ impl Lab {
         )
     }
 
+    /// `ss -Htn ARGS` on `host`: its TCP sockets that match, one line each, no header.
+    pub fn sockets(&self, host: &str, args: &[&str]) -> String {
+        let (ns, _) = self.host(host);
+        let out = Command::new("ip")
+            .args(["netns", "exec", &ns, "ss", "-Htn"])
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Whether `host` holds a TCP socket matching the `ss` filter `filter` in FIN-WAIT-1 with
+    /// bytes in its send queue: it queued an answer and shut its side down, and the client has
+    /// not acknowledged all of it.
+    pub fn queued_close(&self, host: &str, filter: &[&str]) -> bool {
+        let mut args = vec!["state", "fin-wait-1"];
+        args.extend_from_slice(filter);
+        self.sockets(host, &args)
+            .lines()
+            .any(|l| l.split_whitespace().nth(1).is_some_and(|q| q != "0"))
+    }
+
     /// The pid of the process on `host`.
     pub fn pid(&self, host: &str) -> u32 {
         self.status["processes"]
