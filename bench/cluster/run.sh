@@ -42,7 +42,8 @@
 #        WRK_TIMEOUT=10 HAPROXY_BUFSIZE=131072 bench/cluster/run.sh
 # (with LINK_MBIT=100 a 1 MiB response takes about a second per connection: use DURATION=10 or
 # more so that the requests cut off at the end of a run do not dominate.)
-# SWITCHYARD_BIN=/path/to/switchyard uses that binary and skips the build (SKIP_BUILD=1 skips it
+# SWITCH_ARGS="--defer-accept-ms=1000" passes extra flags to the lab's switch on the VIP (each
+# word one flag). SWITCHYARD_BIN=/path/to/switchyard uses that binary and skips the build (SKIP_BUILD=1 skips it
 # too, using $CARGO_TARGET_DIR/release/switchyard). Needs root (network namespaces); installs
 # haproxy, wrk, curl and jq with apt-get when missing. All traffic stays inside the lab's
 # namespaces; the lab is removed on exit, also after a failure.
@@ -59,6 +60,7 @@ MECHS=${MECHS:-"direct relay handoff haproxy"}
 SIZES=${SIZES:-"1k 100k 1m"}
 MODES=${MODES:-"keepalive close"}
 LINK_MBIT=${LINK_MBIT:-}
+SWITCH_ARGS=${SWITCH_ARGS:-}
 PREFIX=${PREFIX:-sybench}
 WRK_TIMEOUT=${WRK_TIMEOUT:-10}
 HAPROXY_BUFSIZE=${HAPROXY_BUFSIZE:-131072}
@@ -169,6 +171,7 @@ fi
 lab_started=1
 up_args=(lab up --prefix "$PREFIX" --nodes "$NODES" --clients "$CLIENTS" --mechanism "$lab_mech" --root "$root")
 [ -z "$LINK_MBIT" ] || up_args+=(--link-mbit "$LINK_MBIT")
+for a in $SWITCH_ARGS; do up_args+=("--switch-arg=$a"); done
 timeout 180 "$bin" "${up_args[@]}" > "$work/lab-up.out" 2>&1 || { cat "$work/lab-up.out" >&2; exit 1; }
 timeout 30 "$bin" lab status --prefix "$PREFIX" --json > "$work/status.json"
 vip=$(jq -r .vip "$work/status.json")

@@ -42,6 +42,9 @@ pub struct NodeArgs {
     /// file system that takes it).
     #[arg(long)]
     pub disk_o_direct: bool,
+    /// Accept a connection once its first bytes arrive, or after this many ms (0: at once).
+    #[arg(long)]
+    pub defer_accept_ms: Option<u64>,
     /// Switch address (its report_listen) to push load reports to.
     #[arg(long)]
     pub report_to: Option<SocketAddr>,
@@ -223,6 +226,9 @@ impl NodeArgs {
         }
         if self.disk_o_direct {
             cfg.disk.o_direct = true;
+        }
+        if let Some(v) = self.defer_accept_ms {
+            cfg.defer_accept_ms = v;
         }
         if let Some(v) = self.report_to {
             cfg.report_to = Some(v);

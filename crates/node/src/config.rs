@@ -44,6 +44,12 @@ pub struct NodeConfig {
     pub lfu_aging_factor: f64,
     /// Time allowed to receive a whole request head (and body).
     pub header_timeout_ms: u64,
+    /// Accept a client's connection only once its first bytes have arrived, or after this long
+    /// without any (`TCP_DEFER_ACCEPT`, rounded up by the kernel to 1, 3, 7, ... s); 0 = accept
+    /// at the handshake (`--defer-accept-ms`). A request sent with the handshake is then read
+    /// right after the accept, with no wait for readiness. A silent client's header timeout
+    /// counts from when it is accepted.
+    pub defer_accept_ms: u64,
     /// Time an idle keep-alive connection is kept open.
     pub idle_timeout_ms: u64,
     /// Time allowed for a client to take a response's next bytes.
@@ -507,6 +513,13 @@ impl DiskConfig {
     }
 }
 
+impl NodeConfig {
+    /// How long the listeners defer a silent connection's accept, if they do.
+    pub fn defer_accept(&self) -> Option<Duration> {
+        (self.defer_accept_ms > 0).then(|| Duration::from_millis(self.defer_accept_ms))
+    }
+}
+
 impl Default for NodeConfig {
     fn default() -> Self {
         NodeConfig {
@@ -522,6 +535,7 @@ impl Default for NodeConfig {
             lfu_aging_interval_ms: 10_000,
             lfu_aging_factor: 0.5,
             header_timeout_ms: 10_000,
+            defer_accept_ms: 0,
             idle_timeout_ms: 60_000,
             send_timeout_ms: 60_000,
             max_request_line: 8 * 1024,

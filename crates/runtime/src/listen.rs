@@ -1,7 +1,11 @@
 //! Listening sockets: a deep accept queue, optionally `SO_REUSEPORT` so that
-//! every worker thread has a listener of its own on the same address.
+//! every worker thread has a listener of its own on the same address, and
+//! optionally `TCP_DEFER_ACCEPT` so that a connection is accepted only once
+//! its first bytes are there.
 
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 
@@ -30,10 +34,12 @@ pub fn listen_std(addr: SocketAddr, reuse_port: bool) -> std::io::Result<std::ne
 }
 
 /// `n` listeners on `addr` sharing it with `SO_REUSEPORT`, one per worker
-/// thread. The first one fixes the port when `addr`'s is 0.
+/// thread. The first one fixes the port when `addr`'s is 0. With `defer`, each
+/// defers its accepts ([`defer_accept`]).
 pub fn listen_reuseport(
     addr: SocketAddr,
     n: usize,
+    defer: Option<Duration>,
 ) -> std::io::Result<(SocketAddr, Vec<std::net::TcpListener>)> {
     let first = listen_std(addr, true)?;
     let bound = first.local_addr()?;
@@ -41,7 +47,39 @@ pub fn listen_reuseport(
     for _ in 1..n.max(1) {
         listeners.push(listen_std(bound, true)?);
     }
+    if let Some(d) = defer {
+        for l in &listeners {
+            defer_accept(l, d)?;
+        }
+    }
     Ok((bound, listeners))
+}
+
+/// Have the kernel complete a connection on `listener` only once its client has sent bytes,
+/// or once `wait` has passed without any (`TCP_DEFER_ACCEPT`). A request that comes with the
+/// handshake is then read at once after `accept(2)`: no read that finds nothing, and no wait
+/// for readiness. A client that connects and stays silent is accepted only after `wait` (the
+/// kernel rounds it up to its next SYN-ACK retransmission, 1 s, 3 s, 7 s, ...), and its header
+/// timeout counts from there; until then it holds no descriptor. (Set by hand: neither socket2
+/// nor nix has this option for Linux.)
+pub fn defer_accept(listener: &std::net::TcpListener, wait: Duration) -> std::io::Result<()> {
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    let secs = libc::c_int::try_from(secs).unwrap_or(libc::c_int::MAX);
+    // SAFETY: a valid socket, an option of type int and its length.
+    let rc = unsafe {
+        libc::setsockopt(
+            listener.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&secs as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// The number of worker threads for a configured `workers` value: 0 means
