@@ -158,6 +158,8 @@ print("|---|---:|---:|---:|---:|")
 for tool, (rps, cpu, p50, p99) in med.items():
     print(f"| {tool} | {rps:,.0f} | {cpu:.2f} | {p50:,.0f} | {p99:,.0f} |")
 ratio = med["switchyard load"][0] / med["wrk"][0]
+cpu = med["switchyard load"][1] / med["wrk"][1]
 print()
-print(f"switchyard load / wrk requests/s: {ratio:.3f} (target >= 0.9)")
+print(f"switchyard load / wrk requests/s: {ratio:.3f} (target >= 1.0)")
+print(f"switchyard load / wrk CPU per request: {cpu:.3f} (target <= 1.0)")
 PY

@@ -22,6 +22,13 @@ use clap::{Parser, Subcommand};
 
 use crate::config::FileConfig;
 
+/// Every component allocates per connection and per request (request heads, handoff records,
+/// relay buffers) from several worker threads at once; mimalloc's thread-local free lists serve
+/// those small, short-lived blocks with less work than glibc's malloc, whose arenas showed as
+/// 6-7 % of the switch's CPU in profiles of handoffs and relaying.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// switchyard: many ordinary machines acting as one fast web site.
 #[derive(Parser, Debug)]
 #[command(name = "switchyard", version, about, propagate_version = true)]
