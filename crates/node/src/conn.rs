@@ -39,8 +39,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::{Buf, Bytes, BytesMut};
-use nix::sys::socket::{send, MsgFlags};
-use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::timeout_at;
@@ -50,6 +48,7 @@ use switchyard_http::path;
 use switchyard_http::range::{evaluate, RangeDecision};
 use switchyard_http::request::{BodyFraming, Limits, Method, RequestHead, Version};
 use switchyard_http::response::{DateCache, ResponseHead};
+use switchyard_upstream::splice::{send_flags, write_now};
 
 use crate::forward;
 use crate::fs::FileInfo;
@@ -1239,20 +1238,12 @@ impl<R: Router> Conn<'_, R> {
     /// it leave in full segments rather than a small one first.
     async fn write_out(&mut self, more: bool) -> io::Result<()> {
         self.listed = Some(self.ctx.waiting.enter(self.stream.as_raw_fd()));
-        let flags = if more {
-            // nix names no MSG_MORE; the bit is libc's.
-            MsgFlags::from_bits_retain(libc::MSG_MORE) | MsgFlags::MSG_NOSIGNAL
-        } else {
-            MsgFlags::MSG_NOSIGNAL
-        };
         let until = tokio::time::Instant::now() + self.ctx.send_timeout;
-        let fd = self.stream.as_raw_fd();
         let mut done = 0;
         while done < self.out.len() {
             let out = &self.out[done..];
-            match self.stream.try_io(Interest::WRITABLE, || {
-                send(fd, out, flags).map_err(io::Error::from)
-            }) {
+            // Tried at once: a connection accepted moments ago has no readiness report yet.
+            match write_now(&self.stream, || send_flags(&self.stream, out, more)) {
                 Ok(n) => done += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if timeout_at(until, self.stream.writable()).await.is_err() {
@@ -1287,7 +1278,7 @@ impl<R: Router> Conn<'_, R> {
         let until = tokio::time::Instant::now() + self.ctx.send_timeout;
         while left > 0 {
             self.listed = Some(self.ctx.waiting.enter(self.stream.as_raw_fd()));
-            let sent = self.stream.try_io(tokio::io::Interest::WRITABLE, || {
+            let sent = write_now(&self.stream, || {
                 let chunk = left.min(1 << 30) as usize;
                 nix::sys::sendfile::sendfile64(
                     self.stream.as_fd(),
@@ -1349,19 +1340,11 @@ impl<R: Router> Conn<'_, R> {
     /// Write all of `bytes`, with MSG_MORE when `more` follows.
     async fn send_bytes(&mut self, bytes: &[u8], more: bool) -> io::Result<()> {
         self.listed = Some(self.ctx.waiting.enter(self.stream.as_raw_fd()));
-        let flags = if more {
-            MsgFlags::from_bits_retain(libc::MSG_MORE) | MsgFlags::MSG_NOSIGNAL
-        } else {
-            MsgFlags::MSG_NOSIGNAL
-        };
         let until = tokio::time::Instant::now() + self.ctx.send_timeout;
-        let fd = self.stream.as_raw_fd();
         let mut done = 0;
         while done < bytes.len() {
             let rest = &bytes[done..];
-            match self.stream.try_io(Interest::WRITABLE, || {
-                send(fd, rest, flags).map_err(io::Error::from)
-            }) {
+            match write_now(&self.stream, || send_flags(&self.stream, rest, more)) {
                 Ok(n) => {
                     done += n;
                     self.stats.bytes += n as u64;

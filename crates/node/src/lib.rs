@@ -359,7 +359,8 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
         source,
     };
     let workers = switchyard_runtime::listen::worker_count(cfg.workers);
-    let (addr, listeners) = listen_reuseport(cfg.listen, workers, cfg.defer_accept()).map_err(bind_err)?;
+    let (addr, listeners) =
+        listen_reuseport(cfg.listen, workers, cfg.defer_accept()).map_err(bind_err)?;
     let mut tasks = Vec::new();
 
     let admin_addr = match cfg.admin {

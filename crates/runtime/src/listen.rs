@@ -90,3 +90,42 @@ pub fn worker_count(configured: usize) -> usize {
         n => n,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+
+    use super::*;
+
+    #[test]
+    fn a_deferring_listener_accepts_a_connection_once_its_bytes_are_there() {
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        let (addr, mut ls) = listen_reuseport(any, 1, Some(Duration::from_secs(5))).unwrap();
+        let l = ls.pop().unwrap();
+        let blocking = |l: &std::net::TcpListener| {
+            l.set_nonblocking(false).unwrap();
+            socket2::SockRef::from(l)
+                .set_read_timeout(Some(Duration::from_secs(10)))
+                .unwrap();
+        };
+        // A listener that does not defer has a silent client's connection once the handshake
+        // is done...
+        let (plain_addr, mut plain) = listen_reuseport(any, 1, None).unwrap();
+        let plain = plain.pop().unwrap();
+        blocking(&plain);
+        let _silent = TcpStream::connect(plain_addr).unwrap();
+        assert!(plain.accept().is_ok());
+        // ...one that defers does not (it cannot: only bytes or the 5 s complete it).
+        let mut c = TcpStream::connect(addr).unwrap();
+        let e = l.accept().unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+        // The first bytes complete it, and they are there to read right after the accept.
+        c.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+        blocking(&l);
+        let (mut s, _) = l.accept().unwrap();
+        s.set_nonblocking(true).unwrap();
+        let mut buf = [0u8; 64];
+        assert_eq!(s.read(&mut buf).unwrap(), 16);
+    }
+}

@@ -421,7 +421,8 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
         source,
     };
     let workers = switchyard_runtime::listen::worker_count(cfg.workers);
-    let (addr, listeners) = listen_reuseport(cfg.listen, workers, cfg.defer_accept()).map_err(bind_err)?;
+    let (addr, listeners) =
+        listen_reuseport(cfg.listen, workers, cfg.defer_accept()).map_err(bind_err)?;
     let (stop, stop_rx) = watch::channel(false);
     let nofile = switchyard_runtime::nofile::raise().map_or(4096 * 2 + 2048, |l| l.soft);
     let max = cfg.connection_cap(nofile, workers);

@@ -379,3 +379,23 @@ fn bad_input_is_answered_while_other_clients_carry_on() {
         .sum();
     assert_eq!(node_errors, 0);
 }
+
+#[test]
+fn a_switch_and_a_node_that_defer_accepts_answer_as_before() {
+    let node = TestNode::start(
+        |root| std::fs::write(root.join("a"), b"abc").unwrap(),
+        |c| c.defer_accept_ms = 1000,
+    );
+    let sw = TestSwitch::start(&[node.addr], |c| c.defer_accept_ms = 1000);
+    for _ in 0..3 {
+        let mut c = sw.client();
+        let r = c.raw(b"GET /a HTTP/1.0\r\n\r\n");
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"abc"[..]));
+        assert!(c.is_closed());
+    }
+    let mut c = sw.client();
+    for _ in 0..2 {
+        let r = c.raw(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert_eq!(r.body, b"abc");
+    }
+}

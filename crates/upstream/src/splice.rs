@@ -14,7 +14,7 @@
 //! are one `read` and one `write` either way and stay with the copy loop.
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::Duration;
 
 use nix::fcntl::{splice, OFlag, SpliceFFlags};
@@ -177,11 +177,46 @@ pub async fn copy(
     }
 }
 
-/// Write all of `data` to `to`, waiting at most `limit` in all for it to take the bytes.
+/// Run the write `f` on `to` at once, without first asking tokio whether `to` is writable.
+///
+/// tokio's `try_write` and `try_io` skip the system call until the event loop has reported the
+/// socket writable, and a socket registered moments ago (a connection just accepted, whose
+/// request was read at once) has had no report yet: its first response would wait a whole
+/// event-loop turn for the `EPOLLOUT` that its registration produces, though its send buffer is
+/// empty. A `WouldBlock` clears the readiness tokio holds, so that a following
+/// `writable().await` waits for a real event rather than returning at once.
+pub fn write_now<R>(to: &TcpStream, f: impl FnOnce() -> io::Result<R>) -> io::Result<R> {
+    match f() {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+            // With readiness held, `try_io` runs the closure, sees `WouldBlock` and clears it;
+            // with none held, it leaves it so.
+            let _ = to.try_io(Interest::WRITABLE, || {
+                Err::<(), _>(io::Error::from(io::ErrorKind::WouldBlock))
+            });
+            Err(e)
+        }
+        r => r,
+    }
+}
+
+/// `send(2)` of `data` on `to` with `MSG_NOSIGNAL` (a closed peer is an error, not a signal),
+/// plus `MSG_MORE` with `more`.
+pub fn send_flags(to: &TcpStream, data: &[u8], more: bool) -> io::Result<usize> {
+    use nix::sys::socket::{send, MsgFlags};
+    let mut flags = MsgFlags::MSG_NOSIGNAL;
+    if more {
+        // nix names no MSG_MORE; the bit is libc's.
+        flags |= MsgFlags::from_bits_retain(libc::MSG_MORE);
+    }
+    send(to.as_raw_fd(), data, flags).map_err(io::Error::from)
+}
+
+/// Write all of `data` to `to`, waiting at most `limit` in all for it to take the bytes. The
+/// first write is tried at once ([`write_now`]).
 pub async fn write_all(to: &TcpStream, mut data: &[u8], limit: Duration) -> io::Result<()> {
     let until = Instant::now() + limit;
     while !data.is_empty() {
-        match to.try_write(data) {
+        match write_now(to, || send_flags(to, data, false)) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => data = &data[n..],
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -252,5 +287,54 @@ mod tests {
         drop(node_w);
         let r = splice_exact(&mut node_r, &client_w, 10, PEER, CLIENT).await;
         assert!(matches!(r, Err(Error::Truncated)), "{r:?}");
+    }
+
+    /// A connection just accepted: registered with the event loop, no readiness reported yet.
+    fn fresh() -> (TcpStream, std::net::TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (accepted, _) = l.accept().unwrap();
+        accepted.set_nonblocking(true).unwrap();
+        (TcpStream::from_std(accepted).unwrap(), client)
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_first_write_goes_out_before_the_event_loop_reports_the_socket() {
+        let (s, mut client) = fresh();
+        // tokio's own try_write waits for a readiness report that has not come yet...
+        let refused = s.try_write(b"no");
+        assert_eq!(refused.unwrap_err().kind(), io::ErrorKind::WouldBlock);
+        // ...while the write is tried at once.
+        assert_eq!(
+            write_now(&s, || send_flags(&s, b"hello", false)).unwrap(),
+            5
+        );
+        let mut got = [0u8; 5];
+        std::io::Read::read_exact(&mut client, &mut got).unwrap();
+        assert_eq!(&got, b"hello");
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_write_that_would_block_leaves_a_real_wait_behind() {
+        let (s, client) = fresh();
+        // The event loop reports the new socket writable: tokio now holds that readiness.
+        s.writable().await.unwrap();
+        // The client takes nothing: fill every buffer until the kernel refuses.
+        let chunk = vec![7u8; 1 << 20];
+        let refused = loop {
+            match write_now(&s, || send_flags(&s, &chunk, false)) {
+                Ok(_) => {}
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(refused.kind(), io::ErrorKind::WouldBlock);
+        // The refusal cleared the readiness held: the wait is for a real event (none comes),
+        // where a stale readiness would end it at once and a write loop would spin.
+        let waited = tokio::time::timeout(Duration::from_secs(1), s.writable()).await;
+        assert!(
+            waited.is_err(),
+            "writable() returned at once after a WouldBlock"
+        );
+        drop(client);
     }
 }
