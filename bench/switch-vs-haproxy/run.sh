@@ -9,6 +9,10 @@
 #
 # Usage: bench/switch-vs-haproxy/run.sh
 #        DURATION=5 ROUNDS=3 CONNS=64 THREADS=2 bench/switch-vs-haproxy/run.sh
+# HAPROXY_BUFSIZE sets HAProxy's tune.bufsize: 16384 by default, HAProxy's own. On loopback
+# 131072 (the lab's setting in bench/cluster/run.sh, where it serves large bodies 2-4x faster)
+# did not speed HAProxy up at 100 KiB and slowed it at 1 KiB Connection: close (bench/RESULTS.md,
+# 2026-11-28).
 # SWITCH_BIN overrides how the switch is run (default: `switchyard switch` when the binary has
 # that subcommand, else the crate's example binary). Traffic goes to 127.0.0.1 only.
 set -euo pipefail
@@ -20,6 +24,7 @@ CONNS=${CONNS:-64}
 THREADS=${THREADS:-2}
 SIZES=${SIZES:-"1k 100k"}
 MODES=${MODES:-"keepalive close"}
+HAPROXY_BUFSIZE=${HAPROXY_BUFSIZE:-16384}
 FRONTS=${FRONTS:-"haproxy nginx sw-chash sw-lard"}
 N1=18101; N2=18102; HAP=18110; NGX=18111; SWC=18112; SWL=18113; SWS=18114; SWP=18115
 ulimit -n "$(ulimit -Hn)"
@@ -77,6 +82,7 @@ cat > "$work/haproxy.cfg" <<CONF
 global
     nbthread $cores
     maxconn 8000
+    tune.bufsize $HAPROXY_BUFSIZE
 defaults
     mode http
     timeout connect 5s
@@ -176,7 +182,7 @@ for f in $FRONTS sw-splice sw-copy; do
     for size in $SIZES; do wrk -t1 -c8 -d1s -s "$work/paths.lua" "http://127.0.0.1:$(port_of $f)/" -- "$size" >/dev/null; done
 done
 
-echo "cores: $cores; wrk -t$THREADS -c$CONNS -d${DURATION}s, $ROUNDS alternating rounds, medians; 2 nodes (1 worker each) on the same machine"
+echo "cores: $cores; wrk -t$THREADS -c$CONNS -d${DURATION}s, $ROUNDS alternating rounds, medians; 2 nodes (1 worker each) on the same machine; HAProxy tune.bufsize $HAPROXY_BUFSIZE"
 echo
 echo "| file | mode | front end | req/s | vs HAProxy | p99 µs |"
 echo "|---|---|---|---:|---:|---:|"
