@@ -275,9 +275,10 @@ pub struct SwitchConfig {
     /// Accept a client's connection only once its first bytes have arrived, or after this long
     /// without any (`TCP_DEFER_ACCEPT`, rounded up by the kernel to 1, 3, 7, ... s); 0 = accept
     /// at the handshake (`--defer-accept-ms`). A request sent with the handshake is then read
-    /// right after the accept, with no wait for readiness: it saves the switch a read that finds
-    /// nothing and a wake-up per connection, most of all per handed-off `Connection: close`
-    /// request. A silent client's header timeout counts from when it is accepted. Read at start.
+    /// right after the accept, with no wait for readiness; in the lab it took 14-17 % off the
+    /// switch's CPU per handed-off `Connection: close` request (bench/RESULTS.md). A silent
+    /// client's header timeout counts from when it is accepted. Read at start: a reload cannot
+    /// change it.
     pub defer_accept_ms: u64,
     /// Idle keep-alive client connections close after this long.
     pub idle_timeout_ms: u64,

@@ -224,8 +224,8 @@ impl RunningSwitch {
     /// Install a new configuration without closing a client connection. Nodes, policy, limits,
     /// timeouts, health checks, retries and `max_connections` take effect for requests that start
     /// from now on; requests in flight finish on the old state. `listen`, `admin`,
-    /// `dashboard_viewers`, `report_listen` and `workers` cannot change (an error says which). On an error nothing
-    /// changes.
+    /// `dashboard_viewers`, `report_listen`, `workers` and `defer_accept_ms` cannot change (an
+    /// error says which). On an error nothing changes.
     pub async fn reload(&self, new: SwitchConfig) -> Result<(), SwitchError> {
         let _serial = self.reload_lock.lock().await;
         new.validate()?;
@@ -244,6 +244,9 @@ impl RunningSwitch {
         }
         if new.workers != old.cfg.workers {
             return Err(SwitchError::NotReloadable("workers"));
+        }
+        if new.defer_accept_ms != old.cfg.defer_accept_ms {
+            return Err(SwitchError::NotReloadable("defer_accept_ms"));
         }
         let (gen, fresh) = build_generation(&self.shared, &new, Some(&old))?;
         let gen = Arc::new(gen);

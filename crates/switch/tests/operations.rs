@@ -217,8 +217,13 @@ fn reload_under_load_fails_no_request() {
     bad.listen = "127.0.0.1:1".parse().unwrap();
     assert!(sw.reload(bad).is_err());
     let mut bad = cfg.clone();
+    bad.defer_accept_ms = 1000;
+    let e = sw.reload(bad).unwrap_err();
+    assert!(e.to_string().contains("defer_accept_ms"), "{e}");
+    let mut bad = cfg.clone();
     bad.nodes.clear();
     assert!(sw.reload(bad).is_err());
+    assert_eq!(sw.metric("switchyard_switch_reloads_total"), 5.0);
 }
 
 #[test]
