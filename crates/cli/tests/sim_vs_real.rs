@@ -35,6 +35,16 @@ const FIGURES: usize = 5;
 /// The systems compared, in the simulator's order.
 const SYSTEMS: [&str; 4] = ["CF-LRU", "CF-REP", "SC", "Cyclone"];
 
+/// Whether `system` replicates hot objects (CF-REP, Cyclone).
+fn replicates(system: &str) -> bool {
+    matches!(system, "CF-REP" | "Cyclone")
+}
+
+/// Whether `system` serves a peer's objects by fetching them (the CF systems).
+fn fetches(system: &str) -> bool {
+    system.starts_with("CF")
+}
+
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_switchyard"))
 }
@@ -95,8 +105,7 @@ impl Cluster {
     /// (`fetch`, from every member's HTTP listener) for the CF systems, socket cloning
     /// otherwise; replication for CF-REP and Cyclone; LFU object caches for CF-REP.
     fn start(dir: &Path, root: &Path, cache: u64, replicas: u64, system: &str) -> Self {
-        let replicate = matches!(system, "CF-REP" | "Cyclone");
-        let fetch = system.starts_with("CF");
+        let (replicate, fetch) = (replicates(system), fetches(system));
         let policy = if system == "CF-REP" { "lfu" } else { "lru" };
         let tag = system.to_ascii_lowercase();
         let ports: Vec<u16> = (0..NODES).map(|_| free_port()).collect();
@@ -352,13 +361,13 @@ fn the_simulator_predicts_a_real_cooperative_clusters_hit_rates() {
                 failures.push(format!("{system} {name}: simulated {a:.4}, real {b:.4}"));
             }
         }
-        if matches!(system, "CF-REP" | "Cyclone") {
+        if replicates(system) {
             assert!(
                 measured[2] > 0.05,
                 "{system} serves from replicas: {measured:?}"
             );
         }
-        if system.starts_with("CF") {
+        if fetches(system) {
             assert!(measured[4] > 0.2, "{system} fetches: {measured:?}");
         }
     }

@@ -513,13 +513,6 @@ impl DiskConfig {
     }
 }
 
-impl NodeConfig {
-    /// How long the listeners defer a silent connection's accept, if they do.
-    pub fn defer_accept(&self) -> Option<Duration> {
-        (self.defer_accept_ms > 0).then(|| Duration::from_millis(self.defer_accept_ms))
-    }
-}
-
 impl Default for NodeConfig {
     fn default() -> Self {
         NodeConfig {

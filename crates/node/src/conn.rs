@@ -48,7 +48,7 @@ use switchyard_http::path;
 use switchyard_http::range::{evaluate, RangeDecision};
 use switchyard_http::request::{BodyFraming, Limits, Method, RequestHead, Version};
 use switchyard_http::response::{DateCache, ResponseHead};
-use switchyard_upstream::splice::{send_flags, write_now};
+use switchyard_upstream::splice::{send_all, write_now};
 
 use crate::forward;
 use crate::fs::FileInfo;
@@ -1239,21 +1239,9 @@ impl<R: Router> Conn<'_, R> {
     async fn write_out(&mut self, more: bool) -> io::Result<()> {
         self.listed = Some(self.ctx.waiting.enter(self.stream.as_raw_fd()));
         let until = tokio::time::Instant::now() + self.ctx.send_timeout;
-        let mut done = 0;
-        while done < self.out.len() {
-            let out = &self.out[done..];
-            // Tried at once: a connection accepted moments ago has no readiness report yet.
-            match write_now(&self.stream, || send_flags(&self.stream, out, more)) {
-                Ok(n) => done += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if timeout_at(until, self.stream.writable()).await.is_err() {
-                        self.count_timeout();
-                        return Err(io::ErrorKind::TimedOut.into());
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        let (done, sent) = send_all(&self.stream, &self.out, more, until).await;
+        self.note_timeout(&sent);
+        sent?;
         self.ctx.metrics.bytes_out.fetch_add(done as u64, Relaxed);
         self.stats.bytes += done as u64;
         self.out.clear();
@@ -1341,25 +1329,21 @@ impl<R: Router> Conn<'_, R> {
     async fn send_bytes(&mut self, bytes: &[u8], more: bool) -> io::Result<()> {
         self.listed = Some(self.ctx.waiting.enter(self.stream.as_raw_fd()));
         let until = tokio::time::Instant::now() + self.ctx.send_timeout;
-        let mut done = 0;
-        while done < bytes.len() {
-            let rest = &bytes[done..];
-            match write_now(&self.stream, || send_flags(&self.stream, rest, more)) {
-                Ok(n) => {
-                    done += n;
-                    self.stats.bytes += n as u64;
-                    self.ctx.metrics.bytes_out.fetch_add(n as u64, Relaxed);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if timeout_at(until, self.stream.writable()).await.is_err() {
-                        self.count_timeout();
-                        return Err(io::ErrorKind::TimedOut.into());
-                    }
-                }
-                Err(e) => return Err(e),
-            }
+        let (done, sent) = send_all(&self.stream, bytes, more, until).await;
+        self.stats.bytes += done as u64;
+        self.ctx.metrics.bytes_out.fetch_add(done as u64, Relaxed);
+        self.note_timeout(&sent);
+        sent
+    }
+
+    /// Count a send that ran out of time.
+    fn note_timeout(&self, sent: &io::Result<()>) {
+        if sent
+            .as_ref()
+            .is_err_and(|e| e.kind() == io::ErrorKind::TimedOut)
+        {
+            self.count_timeout();
         }
-        Ok(())
     }
 
     /// Close the sending side, then read and drop what the client still

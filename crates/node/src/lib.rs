@@ -83,9 +83,10 @@ use switchyard_admin::Admin;
 use switchyard_handoff::link::ControlAddr;
 use switchyard_http::request::Limits;
 use switchyard_runtime::accept::{accept_loop, Incoming, WhenFull};
+use switchyard_runtime::listen::{deferral, listen_reuseport};
 use switchyard_runtime::park::{Parking, Unparked};
 use switchyard_runtime::shed::WaitingClients;
-use switchyard_runtime::{listen::listen_reuseport, Live, Workers};
+use switchyard_runtime::{Live, Workers};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
@@ -360,7 +361,7 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
     };
     let workers = switchyard_runtime::listen::worker_count(cfg.workers);
     let (addr, listeners) =
-        listen_reuseport(cfg.listen, workers, cfg.defer_accept()).map_err(bind_err)?;
+        listen_reuseport(cfg.listen, workers, deferral(cfg.defer_accept_ms)).map_err(bind_err)?;
     let mut tasks = Vec::new();
 
     let admin_addr = match cfg.admin {

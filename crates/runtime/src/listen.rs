@@ -55,6 +55,11 @@ pub fn listen_reuseport(
     Ok((bound, listeners))
 }
 
+/// The deferral of a `defer_accept_ms` setting: none for 0.
+pub fn deferral(ms: u64) -> Option<Duration> {
+    (ms > 0).then(|| Duration::from_millis(ms))
+}
+
 /// Have the kernel complete a connection on `listener` only once its client has sent bytes,
 /// or once `wait` has passed without any (`TCP_DEFER_ACCEPT`). A request that comes with the
 /// handshake is then read at once after `accept(2)`: no read that finds nothing, and no wait

@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
@@ -403,11 +402,6 @@ const PIPE_DESCRIPTORS: u64 = 2 * 256;
 const DESCRIPTORS_PER_CONNECTION: u64 = 2;
 
 impl SwitchConfig {
-    /// How long the listeners defer a silent connection's accept, if they do.
-    pub fn defer_accept(&self) -> Option<Duration> {
-        (self.defer_accept_ms > 0).then(|| Duration::from_millis(self.defer_accept_ms))
-    }
-
     /// The cap on client connections with `soft` descriptors: `max_connections` when set, else
     /// what is left after the reserve (fixed needs, splice pipes, a control connection per
     /// worker thread and node, the idle pooled node connections), two descriptors per

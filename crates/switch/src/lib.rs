@@ -131,7 +131,8 @@ use prometheus_client::registry::Registry;
 use switchyard_admin::{Admin, Page};
 use switchyard_policy::{NodeId, NodeSpec};
 use switchyard_runtime::accept::{accept_loop, AcceptStats, Incoming, WhenFull};
-use switchyard_runtime::{listen::listen_reuseport, Live, Workers};
+use switchyard_runtime::listen::{deferral, listen_reuseport};
+use switchyard_runtime::{Live, Workers};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify, Semaphore};
 use tokio::task::JoinHandle;
@@ -425,7 +426,7 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
     };
     let workers = switchyard_runtime::listen::worker_count(cfg.workers);
     let (addr, listeners) =
-        listen_reuseport(cfg.listen, workers, cfg.defer_accept()).map_err(bind_err)?;
+        listen_reuseport(cfg.listen, workers, deferral(cfg.defer_accept_ms)).map_err(bind_err)?;
     let (stop, stop_rx) = watch::channel(false);
     let nofile = switchyard_runtime::nofile::raise().map_or(4096 * 2 + 2048, |l| l.soft);
     let max = cfg.connection_cap(nofile, workers);

@@ -201,7 +201,7 @@ pub fn write_now<R>(to: &TcpStream, f: impl FnOnce() -> io::Result<R>) -> io::Re
 
 /// `send(2)` of `data` on `to` with `MSG_NOSIGNAL` (a closed peer is an error, not a signal),
 /// plus `MSG_MORE` with `more`.
-pub fn send_flags(to: &TcpStream, data: &[u8], more: bool) -> io::Result<usize> {
+fn send_flags(to: &TcpStream, data: &[u8], more: bool) -> io::Result<usize> {
     use nix::sys::socket::{send, MsgFlags};
     let mut flags = MsgFlags::MSG_NOSIGNAL;
     if more {
@@ -213,22 +213,35 @@ pub fn send_flags(to: &TcpStream, data: &[u8], more: bool) -> io::Result<usize> 
 
 /// Write all of `data` to `to`, waiting at most `limit` in all for it to take the bytes. The
 /// first write is tried at once ([`write_now`]).
-pub async fn write_all(to: &TcpStream, mut data: &[u8], limit: Duration) -> io::Result<()> {
-    let until = Instant::now() + limit;
-    while !data.is_empty() {
-        match write_now(to, || send_flags(to, data, false)) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => data = &data[n..],
+pub async fn write_all(to: &TcpStream, data: &[u8], limit: Duration) -> io::Result<()> {
+    send_all(to, data, false, Instant::now() + limit).await.1
+}
+
+/// Send all of `data` on `to` (with `MSG_MORE` when `more`), each write tried at once
+/// ([`write_now`]), waiting for room until `until`. Returns the bytes that went out and how it
+/// ended: a wait past `until` is `ErrorKind::TimedOut`.
+pub async fn send_all(
+    to: &TcpStream,
+    data: &[u8],
+    more: bool,
+    until: Instant,
+) -> (usize, io::Result<()>) {
+    let mut done = 0;
+    while done < data.len() {
+        match write_now(to, || send_flags(to, &data[done..], more)) {
+            Ok(0) => return (done, Err(io::ErrorKind::WriteZero.into())),
+            Ok(n) => done += n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 match timeout_at(until, to.writable()).await {
-                    Ok(r) => r?,
-                    Err(_) => return Err(timed_out()),
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return (done, Err(e)),
+                    Err(_) => return (done, Err(timed_out())),
                 }
             }
-            Err(e) => return Err(e),
+            Err(e) => return (done, Err(e)),
         }
     }
-    Ok(())
+    (done, Ok(()))
 }
 
 #[cfg(test)]
