@@ -386,8 +386,23 @@ fn a_switch_and_a_node_that_defer_accepts_answer_as_before() {
         |root| std::fs::write(root.join("a"), b"abc").unwrap(),
         |c| c.defer_accept_ms = 1000,
     );
-    let sw = TestSwitch::start(&[node.addr], |c| c.defer_accept_ms = 1000);
-    for _ in 0..3 {
+    // One worker: one listener, whose queue hands out connections in the order they complete.
+    let sw = TestSwitch::start(&[node.addr], |c| {
+        c.defer_accept_ms = 1000;
+        c.workers = 1;
+    });
+    // A client that connects and says nothing is not accepted: the one behind it, which sends
+    // its request, is answered while the switch has accepted it alone.
+    let mut silent = sw.client();
+    let mut c = sw.client();
+    let r = c.raw(b"GET /a HTTP/1.0\r\n\r\n");
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"abc"[..]));
+    assert_eq!(sw.metric("switchyard_switch_connections_total"), 1.0);
+    // Its first bytes complete it.
+    let r = silent.raw(b"GET /a HTTP/1.0\r\n\r\n");
+    assert_eq!(r.body, b"abc");
+    assert_eq!(sw.metric("switchyard_switch_connections_total"), 2.0);
+    for _ in 0..2 {
         let mut c = sw.client();
         let r = c.raw(b"GET /a HTTP/1.0\r\n\r\n");
         assert_eq!((r.status, r.body.as_slice()), (200, &b"abc"[..]));
