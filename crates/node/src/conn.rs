@@ -33,7 +33,7 @@ use std::fs::File;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -48,7 +48,8 @@ use switchyard_http::path;
 use switchyard_http::range::{evaluate, RangeDecision};
 use switchyard_http::request::{BodyFraming, Limits, Method, RequestHead, Version};
 use switchyard_http::response::{DateCache, ResponseHead};
-use switchyard_upstream::splice::{send_all, write_now};
+use switchyard_runtime::ClientSocket;
+use switchyard_upstream::splice::send_to_client;
 
 use crate::forward;
 use crate::fs::FileInfo;
@@ -274,7 +275,8 @@ struct Conn<'a, R: Router> {
     /// before the socket closes.
     listed: Option<Waiting>,
     ctx: &'a Ctx,
-    stream: TcpStream,
+    /// Bare until the connection must wait ([`ClientSocket`]).
+    stream: ClientSocket,
     buf: BytesMut,
     out: Vec<u8>,
     /// Start times of responses buffered in `out`, observed at flush.
@@ -371,7 +373,7 @@ pub(crate) enum Served {
 /// sends.
 pub(crate) async fn serve_parking(
     ctx: &Ctx,
-    stream: TcpStream,
+    stream: ClientSocket,
     shutdown: watch::Receiver<bool>,
     start: Start,
     park_after: Duration,
@@ -401,9 +403,10 @@ pub(crate) async fn serve_parking(
             Box::pin(conn.fail(status)).await;
             Served::Closed(conn.stats)
         }
-        End::Park(idle) => Served::Idle {
-            stream: conn.stream,
-            idle,
+        // (A connection that waited is registered; a failure here closed it.)
+        End::Park(idle) => match conn.stream.into_registered() {
+            Ok(stream) => Served::Idle { stream, idle },
+            Err(_) => Served::Closed(conn.stats),
         },
         End::Quiet | End::Broken | End::Moved => Served::Closed(conn.stats),
     }
@@ -420,7 +423,7 @@ pub(crate) async fn serve_routed<R: Router>(
 ) -> Outcome {
     let mut conn = Conn {
         ctx,
-        stream,
+        stream: stream.into(),
         buf: preread,
         out: Vec::new(),
         pending: Vec::new(),
@@ -439,10 +442,13 @@ pub(crate) async fn serve_routed<R: Router>(
             Box::pin(conn.fail(status)).await;
             Outcome::Closed(conn.stats)
         }
-        End::Moved => Outcome::Moved {
-            stream: conn.stream,
-            rest: conn.buf,
-            stats: conn.stats,
+        End::Moved => match conn.stream.into_registered() {
+            Ok(stream) => Outcome::Moved {
+                stream,
+                rest: conn.buf,
+                stats: conn.stats,
+            },
+            Err(_) => Outcome::Closed(conn.stats),
         },
         End::Quiet | End::Broken | End::Park(_) => Outcome::Closed(conn.stats),
     }
@@ -476,8 +482,8 @@ impl<R: Router> switchyard_upstream::Client for Conn<'_, R> {
         self.flush().await
     }
 
-    fn socket(&self) -> &TcpStream {
-        &self.stream
+    fn socket(&mut self) -> io::Result<&TcpStream> {
+        self.stream.registered().map(|s| &*s)
     }
 }
 
@@ -1237,9 +1243,9 @@ impl<R: Router> Conn<'_, R> {
     /// more data follows (MSG_MORE), so a head and the sendfile body behind
     /// it leave in full segments rather than a small one first.
     async fn write_out(&mut self, more: bool) -> io::Result<()> {
-        self.listed = Some(self.ctx.waiting.enter(self.stream.as_raw_fd()));
+        self.listed = Some(self.ctx.waiting.enter(self.stream.raw_fd()));
         let until = tokio::time::Instant::now() + self.ctx.send_timeout;
-        let (done, sent) = send_all(&self.stream, &self.out, more, until).await;
+        let (done, sent) = send_to_client(&mut self.stream, &self.out, more, until).await;
         self.note_timeout(&sent);
         sent?;
         self.ctx.metrics.bytes_out.fetch_add(done as u64, Relaxed);
@@ -1265,16 +1271,11 @@ impl<R: Router> Conn<'_, R> {
         let mut left = len;
         let until = tokio::time::Instant::now() + self.ctx.send_timeout;
         while left > 0 {
-            self.listed = Some(self.ctx.waiting.enter(self.stream.as_raw_fd()));
-            let sent = write_now(&self.stream, || {
+            self.listed = Some(self.ctx.waiting.enter(self.stream.raw_fd()));
+            let sent = self.stream.now(tokio::io::Interest::WRITABLE, |to| {
                 let chunk = left.min(1 << 30) as usize;
-                nix::sys::sendfile::sendfile64(
-                    self.stream.as_fd(),
-                    file.as_fd(),
-                    Some(&mut off),
-                    chunk,
-                )
-                .map_err(io::Error::from)
+                nix::sys::sendfile::sendfile64(to, file.as_fd(), Some(&mut off), chunk)
+                    .map_err(io::Error::from)
             });
             match sent {
                 Ok(0) => {
@@ -1293,7 +1294,11 @@ impl<R: Router> Conn<'_, R> {
                         .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if timeout_at(until, self.stream.writable()).await.is_err() {
+                    // The first wait registers a bare socket.
+                    if timeout_at(until, self.stream.registered()?.writable())
+                        .await
+                        .is_err()
+                    {
                         self.count_timeout();
                         return Err(io::ErrorKind::TimedOut.into());
                     }
@@ -1327,9 +1332,9 @@ impl<R: Router> Conn<'_, R> {
 
     /// Write all of `bytes`, with MSG_MORE when `more` follows.
     async fn send_bytes(&mut self, bytes: &[u8], more: bool) -> io::Result<()> {
-        self.listed = Some(self.ctx.waiting.enter(self.stream.as_raw_fd()));
+        self.listed = Some(self.ctx.waiting.enter(self.stream.raw_fd()));
         let until = tokio::time::Instant::now() + self.ctx.send_timeout;
-        let (done, sent) = send_all(&self.stream, bytes, more, until).await;
+        let (done, sent) = send_to_client(&mut self.stream, bytes, more, until).await;
         self.stats.bytes += done as u64;
         self.ctx.metrics.bytes_out.fetch_add(done as u64, Relaxed);
         self.note_timeout(&sent);
@@ -1351,11 +1356,14 @@ impl<R: Router> Conn<'_, R> {
     /// reset caused by unread data (a "lingering close"). A steered connection
     /// ([`Router::steered`]) waits for the client's close up to the send timeout.
     async fn linger(&mut self) {
-        if self.steered() {
-            let until = tokio::time::Instant::now() + self.ctx.send_timeout;
-            switchyard_runtime::close::linger_until(&mut self.stream, until).await;
-        } else {
-            switchyard_runtime::close::linger(&mut self.stream).await;
+        let until = tokio::time::Instant::now()
+            + if self.steered() {
+                self.ctx.send_timeout
+            } else {
+                switchyard_runtime::close::LINGER_TIME
+            };
+        if let Ok(stream) = self.stream.registered() {
+            switchyard_runtime::close::linger_until(stream, until).await;
         }
     }
 }
@@ -1417,7 +1425,7 @@ mod tests {
             let ctx = ctx(dir.path());
             let task = tokio::spawn(async move {
                 let start = super::Start::New { preread: pre };
-                super::serve_parking(&ctx, server, rx, start, Duration::from_secs(60)).await
+                super::serve_parking(&ctx, server.into(), rx, start, Duration::from_secs(60)).await
             });
             client
                 .write_all(b"xt HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
@@ -1569,7 +1577,7 @@ mod tests {
             let start = super::Start::New {
                 preread: bytes::BytesMut::new(),
             };
-            let fut = super::serve_parking(&ctx, s, rx, start, Duration::from_secs(1));
+            let fut = super::serve_parking(&ctx, s.into(), rx, start, Duration::from_secs(1));
             let size = std::mem::size_of_val(&fut);
             eprintln!("connection future: {size} bytes");
             assert!(size <= 1280, "connection future grew to {size} bytes");

@@ -82,11 +82,11 @@ use prometheus_client::registry::Registry;
 use switchyard_admin::Admin;
 use switchyard_handoff::link::ControlAddr;
 use switchyard_http::request::Limits;
-use switchyard_runtime::accept::{accept_loop, Incoming, WhenFull};
+use switchyard_runtime::accept::{accept_loop, Incoming, Listener, WhenFull};
 use switchyard_runtime::listen::{deferral, listen_reuseport};
 use switchyard_runtime::park::{Parking, Unparked};
 use switchyard_runtime::shed::WaitingClients;
-use switchyard_runtime::{Live, Workers};
+use switchyard_runtime::{ClientSocket, Live, Workers};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
@@ -721,7 +721,7 @@ impl Worker {
     /// new clients wait in the kernel's accept queue. Plain connections (not cooperative)
     /// that stay idle are parked in this worker's table ([`switchyard_runtime::park`]),
     /// served by the worker's parking task.
-    async fn accept_loop(&self, listener: &TcpListener, live: &Live) {
+    async fn accept_loop(&self, listener: &Listener, live: &Live) {
         use std::sync::atomic::Ordering::Relaxed;
         let plain = Arc::new(Plain {
             ctx: self.ctx.clone(),
@@ -767,6 +767,12 @@ impl Worker {
                 let reporter = self.reporter.clone();
                 let live = live.clone();
                 tokio::spawn(async move {
+                    // A cooperative connection may be cloned to a peer from its first request
+                    // on: it is registered from the start.
+                    let Ok(stream) = stream.into_registered() else {
+                        closed(&ctx, reporter.as_deref());
+                        return;
+                    };
                     // Boxed: the cooperative loop's state (a clone in flight) is
                     // larger than the plain loop's, and every connection's task would
                     // otherwise hold room for it, idle or not.
@@ -810,7 +816,7 @@ struct Plain {
 impl Plain {
     /// Serve the connection on `stream` in a task of its own until it closes or goes idle;
     /// an idle one is parked. `resumed`: it was parked and its client sent again.
-    fn spawn(self: &Arc<Self>, stream: tokio::net::TcpStream, held: Held, resumed: bool) {
+    fn spawn(self: &Arc<Self>, stream: ClientSocket, held: Held, resumed: bool) {
         let plain = self.clone();
         tokio::spawn(async move {
             let Held { ticket, slot, live } = held;
@@ -860,7 +866,7 @@ impl Plain {
         parking
             .run(self.stop.clone(), |u| match u {
                 Unparked::Ready(stream, held) => {
-                    self.spawn(stream, held, true);
+                    self.spawn(stream.into(), held, true);
                 }
                 Unparked::Expired(stream, held) => {
                     self.ctx

@@ -21,17 +21,82 @@
 //! one warning per burst of failures (and how many there were once an accept
 //! succeeds again). Errors that concern only the connection being accepted
 //! (it was reset or aborted while queued) are skipped at once.
+//!
+//! Connections come bare ([`ClientSocket`]): the event loop learns of one only when it must
+//! wait, so that a request that arrived with the handshake is answered without registering it.
 
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::shed::WaitingClients;
+use crate::socket::ClientSocket;
+
+/// A listening socket on a worker's event loop whose connections are accepted bare.
+///
+/// tokio's `TcpListener` registers every stream it accepts; this one waits for the listener's
+/// readiness the same way and takes connections with `accept4(SOCK_NONBLOCK | SOCK_CLOEXEC)`,
+/// leaving their registration to [`ClientSocket`].
+#[derive(Debug)]
+pub struct Listener(AsyncFd<std::net::TcpListener>);
+
+impl Listener {
+    /// Register `listener` with the current thread's event loop.
+    pub fn new(listener: std::net::TcpListener) -> io::Result<Listener> {
+        listener.set_nonblocking(true)?;
+        // SAFETY: the `AsyncFd` owns the listener, whose descriptor stays the same and open
+        // until both are dropped together.
+        unsafe { AsyncFd::register_with_interest(listener, Interest::READABLE) }
+            .map(Listener)
+            .map_err(|e| e.into_parts().1)
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.0.get_ref().local_addr()
+    }
+
+    /// The next connection, bare, and its client's address.
+    pub async fn accept(&self) -> io::Result<(ClientSocket, SocketAddr)> {
+        loop {
+            let mut ready = self.0.readable().await?;
+            // `WouldBlock` clears the readiness and the loop waits again.
+            if let Ok(r) = ready.try_io(|l| accept_bare(l.get_ref())) {
+                return r;
+            }
+        }
+    }
+}
+
+/// `accept4(2)` with `SOCK_NONBLOCK | SOCK_CLOEXEC`: socket2's and std's `accept` set only
+/// `SOCK_CLOEXEC`, and making the socket non-blocking afterwards would cost an `fcntl` per
+/// connection.
+fn accept_bare(l: &std::net::TcpListener) -> io::Result<(ClientSocket, SocketAddr)> {
+    // SAFETY: `try_init` hands a zeroed address buffer and its length to `accept4`, which
+    // fills at most that length; the descriptor it returns is new and owned by nobody else.
+    let (fd, addr) = unsafe {
+        socket2::SockAddr::try_init(|storage, len| {
+            let flags = libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
+            match libc::accept4(l.as_raw_fd(), storage.cast(), len, flags) {
+                -1 => Err(io::Error::last_os_error()),
+                fd => Ok(fd),
+            }
+        })?
+    };
+    // SAFETY: see above.
+    let stream = unsafe { std::net::TcpStream::from_raw_fd(fd) };
+    let peer = addr
+        .as_socket()
+        .ok_or_else(|| io::Error::other("accepted a connection without an IP address"))?;
+    Ok((ClientSocket::bare(stream), peer))
+}
 
 /// First pause after a failed accept.
 pub const BACKOFF_MIN: Duration = Duration::from_millis(5);
@@ -60,12 +125,15 @@ pub enum WhenFull {
 pub enum Incoming {
     /// A connection with its slot; the slot is free again when `slot` drops.
     Admitted {
-        stream: TcpStream,
+        stream: ClientSocket,
         peer: SocketAddr,
         slot: OwnedSemaphorePermit,
     },
     /// A connection that arrived with every slot taken ([`WhenFull::Refuse`]).
-    Over { stream: TcpStream, peer: SocketAddr },
+    Over {
+        stream: ClientSocket,
+        peer: SocketAddr,
+    },
 }
 
 /// Counters of one or more accept loops.
@@ -84,7 +152,7 @@ pub struct AcceptStats {
 /// dropped (the worker's stop signal) or when `slots` is closed. With every
 /// slot taken, the longest waiter of `waiting` is shed first.
 pub async fn accept_loop<H>(
-    listener: &TcpListener,
+    listener: &Listener,
     slots: &Arc<Semaphore>,
     waiting: &WaitingClients,
     when_full: WhenFull,

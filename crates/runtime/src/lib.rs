@@ -3,7 +3,8 @@
 //! Both servers run thread-per-core: [`workers`] starts one OS thread per
 //! `SO_REUSEPORT` listener ([`mod@listen`]), each a single-threaded tokio runtime
 //! whose [`accept::accept_loop`] bounds open connections with slots and backs
-//! off when accepting fails for lack of resources. An idle keep-alive
+//! off when accepting fails for lack of resources. Connections come bare
+//! ([`socket::ClientSocket`]): registered with the event loop only once they must wait. An idle keep-alive
 //! connection waits without buffers in [`idle::wait_for_bytes`], and one that stays idle
 //! gives up its task and is parked in its worker's table ([`park`]) until its client sends
 //! again; request
@@ -34,8 +35,10 @@ pub mod park;
 pub mod report;
 pub mod request;
 pub mod shed;
+pub mod socket;
 pub mod workers;
 
-pub use accept::{accept_loop, AcceptStats, Incoming, WhenFull};
+pub use accept::{accept_loop, AcceptStats, Incoming, Listener, WhenFull};
 pub use listen::{listen, listen_std};
+pub use socket::ClientSocket;
 pub use workers::{Live, WeakLive, Workers};

@@ -7,14 +7,15 @@ use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use crate::accept::Listener;
 
 /// Length of the accept queue asked of the kernel.
 pub const BACKLOG: i32 = 4096;
 
-/// A listening socket with a deep accept queue, on the current runtime.
-pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::from_std(listen_std(addr, false)?)
+/// A listening socket with a deep accept queue, on the current runtime, whose connections
+/// are accepted bare ([`Listener`]).
+pub fn listen(addr: SocketAddr) -> std::io::Result<Listener> {
+    Listener::new(listen_std(addr, false)?)
 }
 
 /// A non-blocking listening socket with a deep accept queue; with

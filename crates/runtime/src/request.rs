@@ -16,14 +16,14 @@ use switchyard_http::chunked::{ChunkedDecoder, ChunkedError};
 use switchyard_http::request::{
     self, BodyFraming, Limits, ParseOutcome, RequestError, RequestHead,
 };
-use tokio::net::TcpStream;
+use tokio::io::Interest;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::close::fill;
 use crate::idle::{wait_for_bytes, Wait};
 use crate::shed::{Waiting, WaitingClients};
-use std::os::fd::AsRawFd;
+use crate::socket::ClientSocket;
 use std::sync::Arc;
 
 /// The interim response sent to a client that expects `100-continue`.
@@ -31,8 +31,8 @@ pub const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
 /// What a connection lends to [`next_head`] and [`read_body`].
 pub struct ClientParts<'a> {
-    /// The client's socket.
-    pub stream: &'a mut TcpStream,
+    /// The client's socket, registered with the event loop by the first wait.
+    pub stream: &'a mut ClientSocket,
     /// Bytes read from the client and not yet consumed; a complete head is
     /// left at its start.
     pub buf: &'a mut BytesMut,
@@ -197,7 +197,7 @@ pub async fn next_head_or_park<C: ClientConn>(
         // request at once cannot see its connection shed as a newer one). A connection whose
         // client reads slowly waits on that client just as well.
         if ticket.is_none() {
-            let fd = c.parts().stream.as_raw_fd();
+            let fd = c.parts().stream.raw_fd();
             ticket = c.waiting_list().map(|l| l.enter(fd));
         }
         c.before_wait().await.map_err(|_| HeadEnd::Broken)?;
@@ -234,6 +234,9 @@ pub async fn next_head_or_park<C: ClientConn>(
                     shutdown,
                 } = c.parts();
                 *buf = BytesMut::new();
+                let Ok(stream) = stream.registered() else {
+                    return Err(HeadEnd::Broken);
+                };
                 wait_for_bytes(stream, buf, park_at.unwrap_or(until), shutdown)
             };
             match waited.await {
@@ -250,6 +253,9 @@ pub async fn next_head_or_park<C: ClientConn>(
         let until = *deadline.get_or_insert_with(|| Instant::now() + w.header);
         let filled = {
             let ClientParts { stream, buf, .. } = p;
+            let Ok(stream) = stream.registered() else {
+                return Err(HeadEnd::Broken);
+            };
             fill(stream, buf, until)
         };
         match filled.await {
@@ -263,13 +269,14 @@ pub async fn next_head_or_park<C: ClientConn>(
 }
 
 /// Read what the socket already holds, without waiting; true if any bytes
-/// arrived. (A plain read of the non-blocking socket: the runtime's
-/// readiness state stays correct, because a later read that finds nothing
-/// simply clears it.)
-fn read_now(stream: &TcpStream, buf: &mut BytesMut) -> bool {
+/// arrived. (A read tried at once, [`ClientSocket::now`]: a bare socket stays
+/// bare, and on a registered one a read that finds nothing clears the
+/// readiness.)
+fn read_now(stream: &ClientSocket, buf: &mut BytesMut) -> bool {
     let mut tmp = [0u8; 4096];
-    let sock = socket2::SockRef::from(stream);
-    match (&*sock).read(&mut tmp) {
+    match stream.now(Interest::READABLE, |fd| {
+        (&*socket2::SockRef::from(&fd)).read(&mut tmp)
+    }) {
         Ok(n) if n > 0 => {
             buf.extend_from_slice(&tmp[..n]);
             true
@@ -423,7 +430,10 @@ async fn body_loop<C: ClientConn, S: BodySink>(
 /// Read more of a body, waiting until `until`.
 async fn more<C: ClientConn>(c: &mut C, until: Instant) -> Result<(), BodyError> {
     let p = c.parts();
-    match fill(p.stream, p.buf, until).await {
+    let Ok(stream) = p.stream.registered() else {
+        return Err(BodyError::Broken);
+    };
+    match fill(stream, p.buf, until).await {
         Ok(0) => Err(BodyError::Broken),
         Ok(_) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::TimedOut => Err(BodyError::TimedOut),

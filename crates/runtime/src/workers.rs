@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Weak};
 use std::time::{Duration, Instant};
 
-use tokio::net::TcpListener;
+use crate::accept::Listener;
 use tokio::sync::{watch, Notify};
 
 /// Held by every open connection of a worker; the worker drains until only
@@ -113,7 +113,7 @@ impl Workers {
         accept: A,
     ) -> std::io::Result<Workers>
     where
-        A: Fn(usize, TcpListener, Live) -> Fut + Clone + Send + 'static,
+        A: Fn(usize, Listener, Live) -> Fut + Clone + Send + 'static,
         Fut: Future<Output = ()>,
     {
         let (abort, abort_rx) = watch::channel(false);
@@ -163,7 +163,7 @@ fn run<A, Fut>(
     mut abort: watch::Receiver<bool>,
     accept: A,
 ) where
-    A: Fn(usize, TcpListener, Live) -> Fut,
+    A: Fn(usize, Listener, Live) -> Fut,
     Fut: Future<Output = ()>,
 {
     let rt = match tokio::runtime::Builder::new_current_thread()
@@ -177,7 +177,7 @@ fn run<A, Fut>(
         }
     };
     rt.block_on(async move {
-        let listener = match TcpListener::from_std(listener) {
+        let listener = match Listener::new(listener) {
             Ok(l) => l,
             Err(e) => {
                 tracing::error!(error = %e, "cannot register the listener");

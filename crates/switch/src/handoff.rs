@@ -43,7 +43,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -126,7 +126,8 @@ pub(crate) struct Offer<'a> {
     pub idx: usize,
     pub policy_node: Option<NodeId>,
     pub conn: ConnId,
-    pub stream: &'a TcpStream,
+    /// The client's socket.
+    pub stream: BorrowedFd<'a>,
     pub peer: SocketAddr,
     /// The switch's address of the connection.
     pub local: SocketAddr,
@@ -192,8 +193,8 @@ async fn send_offer(
 /// restored socket's next sequence number and be ignored there, and the connection would stall.
 /// With nothing unsent, a dump is exact. (Only a request that follows a relayed one, a request
 /// with a body, on the same connection can find bytes unsent.)
-fn all_sent(stream: &TcpStream) -> Result<(), Fallback> {
-    match repair::unsent(stream.as_fd()) {
+fn all_sent(stream: BorrowedFd<'_>) -> Result<(), Fallback> {
+    match repair::unsent(stream) {
         Ok(0) => Ok(()),
         Ok(_) => Err(Fallback::StillSending),
         Err(_) => Err(Fallback::Dump),
@@ -228,10 +229,7 @@ async fn try_hand_off(shared: &Arc<Shared>, offer: Offer<'_>) -> Result<(), Fall
     let id = h.next_id.fetch_add(1, Relaxed);
     let route = routes(gen);
     let (transfer, fd, flow) = if ctl.same_host() {
-        let fd = stream
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(|_| Fallback::Dump)?;
+        let fd = stream.try_clone_to_owned().map_err(|_| Fallback::Dump)?;
         (Transfer::Fd, Some(fd), None)
     } else {
         if h.steering.is_none() {
@@ -246,7 +244,7 @@ async fn try_hand_off(shared: &Arc<Shared>, offer: Offer<'_>) -> Result<(), Fall
         if !h.steer(&flow, &target, id) {
             return Err(Fallback::NoSteering);
         }
-        match repair::dump(stream.as_fd()) {
+        match repair::dump(stream) {
             Ok(state) => (Transfer::Repair(Box::new(state)), None, Some(flow)),
             Err(e) => {
                 tracing::debug!(error = %e, "dump failed");
@@ -305,7 +303,7 @@ async fn try_hand_off(shared: &Arc<Shared>, offer: Offer<'_>) -> Result<(), Fall
             h.conns.lock().remove(&id);
             if let Some(flow) = &flow {
                 h.unsteer(flow, id);
-                if let Err(e) = repair::leave_repair(stream.as_fd()) {
+                if let Err(e) = repair::leave_repair(stream) {
                     // The socket cannot be used any more; the relay loop finds it broken.
                     tracing::warn!(error = %e, "cannot leave repair mode");
                 }

@@ -130,10 +130,10 @@ use parking_lot::{Mutex, RwLock};
 use prometheus_client::registry::Registry;
 use switchyard_admin::{Admin, Page};
 use switchyard_policy::{NodeId, NodeSpec};
-use switchyard_runtime::accept::{accept_loop, AcceptStats, Incoming, WhenFull};
+use switchyard_runtime::accept::{accept_loop, AcceptStats, Incoming, Listener, WhenFull};
 use switchyard_runtime::listen::{deferral, listen_reuseport};
-use switchyard_runtime::{Live, Workers};
-use tokio::net::TcpListener;
+use switchyard_runtime::{ClientSocket, Live, Workers};
+use switchyard_upstream::splice::send_to_client;
 use tokio::sync::{watch, Notify, Semaphore};
 use tokio::task::JoinHandle;
 
@@ -648,7 +648,7 @@ fn serve_here(shared: &Arc<Shared>, worker: usize) -> ServeHere {
         Box::pin(relay::serve_with(
             shared.clone(),
             worker,
-            stream,
+            stream.into(),
             peer,
             Some(local),
             pre,
@@ -667,7 +667,7 @@ struct Worker {
 }
 
 impl Worker {
-    async fn accept_loop(&self, listener: &TcpListener, live: &Live) {
+    async fn accept_loop(&self, listener: &Listener, live: &Live) {
         let shared = &self.shared;
         // Connections beyond the slots are accepted and answered `503`.
         accept_loop(
@@ -715,7 +715,7 @@ impl Drop for Held {
 
 /// Answer a connection over the cap with 503 and close it, lingering briefly so that the answer
 /// is not destroyed by a reset.
-fn refuse(shared: &Arc<Shared>, stream: tokio::net::TcpStream) {
+fn refuse(shared: &Arc<Shared>, stream: ClientSocket) {
     shared
         .metrics
         .count_rejection(metrics::Rejection::ConnectionLimit);
@@ -726,11 +726,11 @@ fn refuse(shared: &Arc<Shared>, stream: tokio::net::TcpStream) {
     }
     let shared = shared.clone();
     tokio::spawn(async move {
-        use tokio::io::AsyncWriteExt;
         let mut stream = stream;
         let until = tokio::time::Instant::now() + Duration::from_secs(1);
-        if let Ok(Ok(())) = tokio::time::timeout_at(until, stream.write_all(REFUSE_503)).await {
-            switchyard_runtime::close::linger_until(&mut stream, until).await;
+        let (_, sent) = send_to_client(&mut stream, REFUSE_503, false, until).await;
+        if let (Ok(()), Ok(s)) = (sent, stream.registered()) {
+            switchyard_runtime::close::linger_until(s, until).await;
         }
         shared.refusing.fetch_sub(1, Relaxed);
     });

@@ -6,7 +6,6 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Instant;
@@ -18,7 +17,8 @@ use switchyard_policy::{ConnId, NodeId, Outcome, Reject, Request as PolicyReques
 use switchyard_runtime::request::{self as reading, BodyError, ClientConn, ClientParts};
 use switchyard_runtime::request::{HeadEnd, HeadWait, CONTINUE};
 use switchyard_runtime::shed::{Waiting, WaitingClients};
-use switchyard_upstream::splice::write_all;
+use switchyard_runtime::ClientSocket;
+use switchyard_upstream::splice::send_to_client;
 use switchyard_upstream::{self as upstream, Deadline};
 use tokio::net::TcpStream;
 use tokio::time::timeout_at;
@@ -81,7 +81,9 @@ struct Client {
     /// before the socket closes.
     listed: Option<Waiting>,
     shared: Arc<Shared>,
-    stream: TcpStream,
+    /// Bare until the connection must wait ([`ClientSocket`]): a request handed off as it
+    /// arrived never makes the event loop know the socket.
+    stream: ClientSocket,
     peer: SocketAddr,
     id: ConnId,
     buf: BytesMut,
@@ -110,7 +112,7 @@ struct Client {
 pub(crate) async fn serve(
     shared: Arc<Shared>,
     worker: usize,
-    stream: TcpStream,
+    stream: ClientSocket,
     peer: SocketAddr,
     local: Option<SocketAddr>,
 ) {
@@ -122,7 +124,7 @@ pub(crate) async fn serve(
 pub(crate) async fn serve_with(
     shared: Arc<Shared>,
     worker: usize,
-    stream: TcpStream,
+    stream: ClientSocket,
     peer: SocketAddr,
     local: Option<SocketAddr>,
     preread: BytesMut,
@@ -386,12 +388,15 @@ impl Client {
                     self.local = self.stream.local_addr().ok();
                 }
                 if let Some(local) = self.local {
+                    let Ok(stream) = self.stream.fd() else {
+                        return Some(End::Broken);
+                    };
                     let offer = handoff::Offer {
                         gen: &gen,
                         idx: choice.idx,
                         policy_node: choice.policy_node,
                         conn: self.id,
-                        stream: &self.stream,
+                        stream,
                         peer: self.peer,
                         local,
                         worker: self.worker,
@@ -595,7 +600,7 @@ impl Client {
                 },
             };
             // Interim responses are passed on to HTTP/1.1 clients.
-            let interim = (!http10).then_some((&self.stream, t.send));
+            let interim = (!http10).then_some((&mut self.stream, t.send));
             match upstream::exchange(&mut node, req, Deadline::Each(t.node), interim).await {
                 Ok(r) => return self.relay_response(gen, b, node, r, keep, http10).await,
                 Err(f) if f.retryable && idempotent => continue,
@@ -707,7 +712,7 @@ impl Client {
             }),
         };
         let mut to = ToClient {
-            stream: &self.stream,
+            stream: &mut self.stream,
             out: &mut self.out,
             send: t.send,
             waiting: &self.shared.waiting,
@@ -750,8 +755,9 @@ impl Client {
 
     /// Write what is pending to the client.
     async fn flush(&mut self, t: Timeouts) -> Result<(), Fail> {
-        self.listed = Some(self.shared.waiting.enter(self.stream.as_raw_fd()));
-        let r = write_all(&self.stream, &self.out, t.send).await;
+        self.listed = Some(self.shared.waiting.enter(self.stream.raw_fd()));
+        let until = tokio::time::Instant::now() + t.send;
+        let (_, r) = send_to_client(&mut self.stream, &self.out, false, until).await;
         self.out.clear();
         r.map_err(|e| {
             if e.kind() == io::ErrorKind::TimedOut {
@@ -843,7 +849,9 @@ impl Client {
 
     /// Close the sending side, then read and drop what the client still sends for a moment.
     async fn linger(&mut self) {
-        switchyard_runtime::close::linger(&mut self.stream).await;
+        if let Ok(stream) = self.stream.registered() {
+            switchyard_runtime::close::linger(stream).await;
+        }
     }
 }
 
@@ -877,13 +885,16 @@ impl ClientConn for Client {
             Some(g) => g.t.send,
             None => self.shared.current().t.send,
         };
-        write_all(&self.stream, CONTINUE, send).await
+        let until = tokio::time::Instant::now() + send;
+        send_to_client(&mut self.stream, CONTINUE, false, until)
+            .await
+            .1
     }
 }
 
 /// The client's side of a relayed response: its pending bytes and its socket.
 struct ToClient<'a> {
-    stream: &'a TcpStream,
+    stream: &'a mut ClientSocket,
     out: &'a mut Vec<u8>,
     send: std::time::Duration,
     waiting: &'a Arc<WaitingClients>,
@@ -897,14 +908,15 @@ impl upstream::Client for ToClient<'_> {
     }
 
     async fn write_pending(&mut self) -> io::Result<()> {
-        *self.listed = Some(self.waiting.enter(self.stream.as_raw_fd()));
-        let r = write_all(self.stream, self.out, self.send).await;
+        *self.listed = Some(self.waiting.enter(self.stream.raw_fd()));
+        let until = tokio::time::Instant::now() + self.send;
+        let (_, r) = send_to_client(self.stream, self.out, false, until).await;
         self.out.clear();
         r
     }
 
-    fn socket(&self) -> &TcpStream {
-        self.stream
+    fn socket(&mut self) -> io::Result<&TcpStream> {
+        self.stream.registered().map(|s| &*s)
     }
 }
 

@@ -4,10 +4,10 @@ use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use tokio::time::timeout_at;
 
 use switchyard_http::upstream::{self, ResponseMeta};
+use switchyard_runtime::ClientSocket;
 
 use crate::{Connection, Deadline, Error};
 
@@ -52,7 +52,7 @@ pub async fn exchange(
     conn: &mut Connection,
     req: Request<'_>,
     deadline: Deadline,
-    interim: Option<(&TcpStream, Duration)>,
+    interim: Option<(&mut ClientSocket, Duration)>,
 ) -> Result<Response, Failed> {
     let reused = conn.reused;
     match timeout_at(deadline.next(), conn.stream.write_all(req.bytes)).await {
@@ -85,7 +85,7 @@ pub async fn read_response(
     head_request: bool,
     max_head: usize,
     deadline: Deadline,
-    interim: Option<(&TcpStream, Duration)>,
+    interim: Option<(&mut ClientSocket, Duration)>,
 ) -> Result<Response, Failed> {
     final_head(conn, head_request, max_head, deadline, interim, false).await
 }
@@ -107,7 +107,7 @@ async fn final_head(
     head_request: bool,
     max_head: usize,
     deadline: Deadline,
-    interim: Option<(&TcpStream, Duration)>,
+    mut interim: Option<(&mut ClientSocket, Duration)>,
     may_retry: bool,
 ) -> Result<Response, Failed> {
     let fail = |error: Error, received: bool| failed(error, may_retry, received);
@@ -118,7 +118,7 @@ async fn final_head(
         if !conn.buf.is_empty() {
             match upstream::parse(&conn.buf, head_request, max_head) {
                 Ok(Some(meta)) if meta.is_interim() => {
-                    if let Some((client, wait)) = interim {
+                    if let Some((client, wait)) = interim.as_mut() {
                         out.clear();
                         upstream::client_response_head(
                             &conn.buf[..meta.head_len],
@@ -126,7 +126,10 @@ async fn final_head(
                             false,
                             &mut out,
                         );
-                        if let Err(e) = crate::splice::write_all(client, &out, wait).await {
+                        let until = tokio::time::Instant::now() + *wait;
+                        let (_, sent) =
+                            crate::splice::send_to_client(client, &out, false, until).await;
+                        if let Err(e) = sent {
                             return Err(fail(Error::Client(e), true));
                         }
                     }
@@ -158,7 +161,7 @@ mod tests {
     use crate::testing::pair;
     use crate::Pool;
     use tokio::io::AsyncReadExt;
-    use tokio::net::TcpListener;
+    use tokio::net::{TcpListener, TcpStream};
 
     const REQ: Request<'static> = Request {
         bytes: b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
@@ -201,9 +204,9 @@ mod tests {
         assert_eq!(c.buffered(), b"ok");
         c.buf.clear();
         let (client_w, mut client_r) = pair().await;
-        let r = exchange(&mut c, REQ, WAIT, Some((&client_w, Duration::from_secs(5))))
-            .await
-            .unwrap();
+        let mut client_w = ClientSocket::from(client_w);
+        let interim = Some((&mut client_w, Duration::from_secs(5)));
+        let r = exchange(&mut c, REQ, WAIT, interim).await.unwrap();
         assert_eq!(r.meta.status, 200);
         drop(client_w);
         let mut relayed = String::new();

@@ -28,8 +28,9 @@ pub trait Client {
     fn pending(&mut self) -> &mut Vec<u8>;
     /// Write everything pending to the client.
     fn write_pending(&mut self) -> impl Future<Output = io::Result<()>>;
-    /// The client's socket, for moving bytes straight to it ([`Direct`]).
-    fn socket(&self) -> &TcpStream;
+    /// The client's socket, for moving bytes straight to it ([`Direct`]); registered with the
+    /// event loop, since the moves wait on it.
+    fn socket(&mut self) -> io::Result<&TcpStream>;
 }
 
 /// Moving large remainders straight to the client's socket.
@@ -124,7 +125,7 @@ pub async fn relay_body<C: Client>(
                         let spliced = left;
                         done.spliced = splice::splice_exact(
                             &mut conn.stream,
-                            client.socket(),
+                            client.socket().map_err(Error::Client)?,
                             left,
                             opts.deadline,
                             d.client_wait,
@@ -135,7 +136,7 @@ pub async fn relay_body<C: Client>(
                         let mut scratch = Vec::new();
                         splice::copy(
                             &mut conn.stream,
-                            client.socket(),
+                            client.socket().map_err(Error::Client)?,
                             Some(left),
                             &mut scratch,
                             opts.deadline,
@@ -178,7 +179,7 @@ pub async fn relay_body<C: Client>(
                 let mut scratch = Vec::new();
                 done.body += splice::copy(
                     &mut conn.stream,
-                    client.socket(),
+                    client.socket().map_err(Error::Client)?,
                     None,
                     &mut scratch,
                     opts.deadline,
@@ -232,8 +233,8 @@ mod tests {
             self.out.clear();
             r
         }
-        fn socket(&self) -> &TcpStream {
-            &self.stream
+        fn socket(&mut self) -> io::Result<&TcpStream> {
+            Ok(&self.stream)
         }
     }
 

@@ -14,7 +14,7 @@
 //! are one `read` and one `write` either way and stay with the copy loop.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::Duration;
 
 use nix::fcntl::{splice, OFlag, SpliceFFlags};
@@ -22,6 +22,9 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, Interest};
 use tokio::net::TcpStream;
 use tokio::time::{timeout_at, Instant};
+
+use switchyard_runtime::socket::write_now;
+use switchyard_runtime::ClientSocket;
 
 use crate::{Deadline, Error};
 
@@ -177,31 +180,9 @@ pub async fn copy(
     }
 }
 
-/// Run the write `f` on `to` at once, without first asking tokio whether `to` is writable.
-///
-/// tokio's `try_write` and `try_io` skip the system call until the event loop has reported the
-/// socket writable, and a socket registered moments ago (a connection just accepted, whose
-/// request was read at once) has had no report yet: its first response would wait a whole
-/// event-loop turn for the `EPOLLOUT` that its registration produces, though its send buffer is
-/// empty. A `WouldBlock` clears the readiness tokio holds, so that a following
-/// `writable().await` waits for a real event rather than returning at once.
-pub fn write_now<R>(to: &TcpStream, f: impl FnOnce() -> io::Result<R>) -> io::Result<R> {
-    match f() {
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-            // With readiness held, `try_io` runs the closure, sees `WouldBlock` and clears it;
-            // with none held, it leaves it so.
-            let _ = to.try_io(Interest::WRITABLE, || {
-                Err::<(), _>(io::Error::from(io::ErrorKind::WouldBlock))
-            });
-            Err(e)
-        }
-        r => r,
-    }
-}
-
 /// `send(2)` of `data` on `to` with `MSG_NOSIGNAL` (a closed peer is an error, not a signal),
 /// plus `MSG_MORE` with `more`.
-fn send_flags(to: &TcpStream, data: &[u8], more: bool) -> io::Result<usize> {
+fn send_flags(to: BorrowedFd<'_>, data: &[u8], more: bool) -> io::Result<usize> {
     use nix::sys::socket::{send, MsgFlags};
     let mut flags = MsgFlags::MSG_NOSIGNAL;
     if more {
@@ -217,6 +198,36 @@ pub async fn write_all(to: &TcpStream, data: &[u8], limit: Duration) -> io::Resu
     send_all(to, data, false, Instant::now() + limit).await.1
 }
 
+/// Send all of `data` to a client (with `MSG_MORE` when `more`), registering its socket with
+/// the event loop only if it must wait for room ([`ClientSocket`]): a response that fits in the
+/// send buffer leaves a bare socket bare. Returns what [`send_all`] returns.
+pub async fn send_to_client(
+    to: &mut ClientSocket,
+    data: &[u8],
+    more: bool,
+    until: Instant,
+) -> (usize, io::Result<()>) {
+    if data.is_empty() {
+        // (No system call, and no registration, for nothing.)
+        return (0, Ok(()));
+    }
+    let mut done = 0;
+    if !to.is_registered() {
+        match to.now(Interest::WRITABLE, |fd| send_flags(fd, data, more)) {
+            Ok(n) if n == data.len() => return (n, Ok(())),
+            Ok(n) => done = n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return (0, Err(e)),
+        }
+    }
+    let to = match to.registered() {
+        Ok(s) => &*s,
+        Err(e) => return (done, Err(e)),
+    };
+    let (more_done, r) = send_all(to, &data[done..], more, until).await;
+    (done + more_done, r)
+}
+
 /// Send all of `data` on `to` (with `MSG_MORE` when `more`), each write tried at once
 /// ([`write_now`]), waiting for room until `until`. Returns the bytes that went out and how it
 /// ended: a wait past `until` is `ErrorKind::TimedOut`.
@@ -228,7 +239,7 @@ pub async fn send_all(
 ) -> (usize, io::Result<()>) {
     let mut done = 0;
     while done < data.len() {
-        match write_now(to, || send_flags(to, &data[done..], more)) {
+        match write_now(to, || send_flags(to.as_fd(), &data[done..], more)) {
             Ok(0) => return (done, Err(io::ErrorKind::WriteZero.into())),
             Ok(n) => done += n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -302,52 +313,43 @@ mod tests {
         assert!(matches!(r, Err(Error::Truncated)), "{r:?}");
     }
 
-    /// A connection just accepted: registered with the event loop, no readiness reported yet.
-    fn fresh() -> (TcpStream, std::net::TcpStream) {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let client = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (accepted, _) = l.accept().unwrap();
-        accepted.set_nonblocking(true).unwrap();
-        (TcpStream::from_std(accepted).unwrap(), client)
+    /// A client socket as the accept loop gives it: bare.
+    async fn bare_client() -> (ClientSocket, TcpStream) {
+        let l = switchyard_runtime::listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let client = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        (s, client)
     }
 
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_first_write_goes_out_before_the_event_loop_reports_the_socket() {
-        let (s, mut client) = fresh();
-        // tokio's own try_write waits for a readiness report that has not come yet...
-        let refused = s.try_write(b"no");
-        assert_eq!(refused.unwrap_err().kind(), io::ErrorKind::WouldBlock);
-        // ...while the write is tried at once.
-        assert_eq!(
-            write_now(&s, || send_flags(&s, b"hello", false)).unwrap(),
-            5
-        );
-        let mut got = [0u8; 5];
-        std::io::Read::read_exact(&mut client, &mut got).unwrap();
-        assert_eq!(&got, b"hello");
-    }
-
-    #[tokio::test(flavor = "current_thread", start_paused = true)]
-    async fn a_write_that_would_block_leaves_a_real_wait_behind() {
-        let (s, client) = fresh();
-        // The event loop reports the new socket writable: tokio now holds that readiness.
-        s.writable().await.unwrap();
-        // The client takes nothing: fill every buffer until the kernel refuses.
-        let chunk = vec![7u8; 1 << 20];
-        let refused = loop {
-            match write_now(&s, || send_flags(&s, &chunk, false)) {
-                Ok(_) => {}
-                Err(e) => break e,
-            }
-        };
-        assert_eq!(refused.kind(), io::ErrorKind::WouldBlock);
-        // The refusal cleared the readiness held: the wait is for a real event (none comes),
-        // where a stale readiness would end it at once and a write loop would spin.
-        let waited = tokio::time::timeout(Duration::from_secs(1), s.writable()).await;
+    /// A response that fits in the send buffer leaves a bare socket bare; nothing to send is
+    /// no call at all; one that does not fit registers the socket, waits for the client to
+    /// read, and arrives whole.
+    #[tokio::test]
+    async fn a_client_socket_is_registered_only_when_a_send_must_wait() {
+        let until = || Instant::now() + Duration::from_secs(5);
+        let (mut s, mut client) = bare_client().await;
+        assert_eq!(send_to_client(&mut s, b"", false, until()).await.0, 0);
+        let (n, r) = send_to_client(&mut s, b"small answer", false, until()).await;
+        assert_eq!((n, r.is_ok()), (12, true));
         assert!(
-            waited.is_err(),
-            "writable() returned at once after a WouldBlock"
+            !s.is_registered(),
+            "a send that fit made the event loop know the socket"
         );
-        drop(client);
+        let mut got = [0u8; 12];
+        client.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"small answer");
+
+        let big: Vec<u8> = (0..8_000_000u32).map(|i| (i % 251) as u8).collect();
+        let reader = tokio::spawn(async move {
+            let mut all = Vec::new();
+            client.read_to_end(&mut all).await.unwrap();
+            all
+        });
+        let (n, r) = send_to_client(&mut s, &big, true, until()).await;
+        r.unwrap();
+        assert_eq!(n, big.len());
+        assert!(s.is_registered(), "8 MB cannot leave without a wait");
+        drop(s);
+        assert!(reader.await.unwrap() == big, "the bytes arrived changed");
     }
 }

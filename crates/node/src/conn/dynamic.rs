@@ -270,7 +270,7 @@ impl<R: Router> Conn<'_, R> {
                 metrics.connects.fetch_add(1, Relaxed);
             }
             // Interim responses are passed on to HTTP/1.1 clients (the output is empty).
-            let interim = (!http10).then_some((&self.stream, self.ctx.send_timeout));
+            let interim = (!http10).then_some((&mut self.stream, self.ctx.send_timeout));
             if !has_body {
                 let r = upstream::Request {
                     bytes: req,
@@ -311,7 +311,7 @@ impl<R: Router> Conn<'_, R> {
                 }
                 Err(StreamError::Body(e)) => return Err(Failed::Client(self.body_failed(e))),
             }
-            let interim = (!http10).then_some((&self.stream, self.ctx.send_timeout));
+            let interim = (!http10).then_some((&mut self.stream, self.ctx.send_timeout));
             return match upstream::read_response(
                 &mut conn,
                 head_request,
