@@ -25,7 +25,9 @@ use crate::config::FileConfig;
 /// Every component allocates per connection and per request (request heads, handoff records,
 /// relay buffers) from several worker threads at once; mimalloc's thread-local free lists serve
 /// those small, short-lived blocks with less work than glibc's malloc, whose arenas showed as
-/// 6-7 % of the switch's CPU in profiles of handoffs and relaying.
+/// 6-7 % of the switch's CPU in profiles of handoffs and relaying. Built without transparent
+/// huge pages (the workspace's `no_thp`): with them, the node's idle connections cost four times
+/// the memory (bench/RESULTS.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
