@@ -3,7 +3,8 @@
 //! Shared by the node and the switch: both keep idle keep-alive
 //! connections without buffers and must notice a shutdown while they wait.
 
-use std::io::{self, Read};
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
 
 use bytes::BytesMut;
 use tokio::io::Interest;
@@ -77,11 +78,9 @@ pub const READ_ROOM: usize = 4096;
 /// after the read raise a new readiness event, which the clearing leaves
 /// alone (tokio compares the event's tick).
 pub fn read_draining(stream: &TcpStream, buf: &mut BytesMut, room: usize) -> io::Result<usize> {
-    let start = buf.len();
-    buf.resize(start + room, 0);
     let mut got = 0;
     let r = stream.try_io(Interest::READABLE, || {
-        let n = (&*socket2::SockRef::from(stream)).read(&mut buf[start..])?;
+        let n = recv_into(stream.as_fd(), buf, room)?;
         got = n;
         if 0 < n && n < room {
             // Drained: report it as `WouldBlock` so that the readiness is cleared.
@@ -90,11 +89,21 @@ pub fn read_draining(stream: &TcpStream, buf: &mut BytesMut, room: usize) -> io:
             Ok(n)
         }
     });
-    buf.truncate(start + got);
     match r {
         Err(e) if e.kind() == io::ErrorKind::WouldBlock && got > 0 => Ok(got),
         r => r,
     }
+}
+
+/// One `recv(2)` of up to `room` bytes from `fd` onto the end of `buf`, into its spare
+/// capacity: the room is not zeroed first (4 KiB of `memset` per request otherwise).
+pub(crate) fn recv_into(fd: BorrowedFd<'_>, buf: &mut BytesMut, room: usize) -> io::Result<usize> {
+    buf.reserve(room);
+    let spare = &mut buf.spare_capacity_mut()[..room];
+    let n = socket2::SockRef::from(&fd).recv(spare)?;
+    // SAFETY: `recv` initialised the first `n` bytes of the spare capacity.
+    unsafe { buf.set_len(buf.len() + n) };
+    Ok(n)
 }
 
 #[cfg(test)]
@@ -166,5 +175,22 @@ mod tests {
                 Err(e) => panic!("{e}"),
             }
         }
+    }
+
+    /// A receive lands behind the bytes already buffered, and only what arrived counts.
+    #[test]
+    fn a_receive_appends_what_arrived() {
+        use std::io::Write;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (server, _) = l.accept().unwrap();
+        client.write_all(b"def").unwrap();
+        let mut buf = BytesMut::from(&b"abc"[..]);
+        let n = recv_into(server.as_fd(), &mut buf, READ_ROOM).unwrap();
+        assert_eq!(n, 3);
+        assert_eq!(&buf[..], b"abcdef");
+        drop(client);
+        assert_eq!(recv_into(server.as_fd(), &mut buf, READ_ROOM).unwrap(), 0);
+        assert_eq!(&buf[..], b"abcdef");
     }
 }

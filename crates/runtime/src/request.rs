@@ -8,7 +8,7 @@
 //! status sent, the counters, the log) stays the loop's own decision.
 
 use std::future::Future;
-use std::io::{self, Read};
+use std::io;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::close::fill;
-use crate::idle::{wait_for_bytes, Wait};
+use crate::idle::{recv_into, wait_for_bytes, Wait, READ_ROOM};
 use crate::shed::{Waiting, WaitingClients};
 use crate::socket::ClientSocket;
 use std::sync::Arc;
@@ -273,16 +273,10 @@ pub async fn next_head_or_park<C: ClientConn>(
 /// bare, and on a registered one a read that finds nothing clears the
 /// readiness.)
 fn read_now(stream: &ClientSocket, buf: &mut BytesMut) -> bool {
-    let mut tmp = [0u8; 4096];
-    match stream.now(Interest::READABLE, |fd| {
-        (&*socket2::SockRef::from(&fd)).read(&mut tmp)
-    }) {
-        Ok(n) if n > 0 => {
-            buf.extend_from_slice(&tmp[..n]);
-            true
-        }
-        _ => false,
-    }
+    matches!(
+        stream.now(Interest::READABLE, |fd| recv_into(fd, buf, READ_ROOM)),
+        Ok(n) if n > 0
+    )
 }
 
 /// Read the body of the request whose head (`head`, already consumed from
