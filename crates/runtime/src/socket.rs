@@ -3,10 +3,9 @@
 //! Registering a socket with tokio costs an `epoll_ctl(ADD)` and, when the socket is dropped,
 //! an `epoll_ctl(DEL)`: two system calls and the reactor's bookkeeping. For a node answering
 //! one request per connection that was 6 % of its CPU in `epoll_ctl` alone (profiled,
-//! `bench/RESULTS.md`). A client whose request
-//! arrived with its handshake (always so with deferred accepts, often so under load) can be
-//! read, answered and closed without ever waiting, as nginx does when it finds a request ready
-//! at accept. So the accept loop hands over a [`ClientSocket`] that is *bare*: a non-blocking
+//! `bench/RESULTS.md`). A client whose request arrived with its handshake (always so with
+//! deferred accepts, often so under load) can be read, answered and closed without ever
+//! waiting, as nginx does when it finds a request ready at accept. So the accept loop hands over a [`ClientSocket`] that is *bare*: a non-blocking
 //! descriptor that reads and writes are tried on directly ([`ClientSocket::now`]). The first
 //! wait, for bytes or for room, registers it ([`ClientSocket::registered`]); from then on it is
 //! an ordinary tokio [`TcpStream`].
