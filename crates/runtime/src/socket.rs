@@ -5,10 +5,10 @@
 //! one request per connection that was 6 % of its CPU in `epoll_ctl` alone (profiled,
 //! `bench/RESULTS.md`). A client whose request arrived with its handshake (always so with
 //! deferred accepts, often so under load) can be read, answered and closed without ever
-//! waiting, as nginx does when it finds a request ready at accept. So the accept loop hands over a [`ClientSocket`] that is *bare*: a non-blocking
-//! descriptor that reads and writes are tried on directly ([`ClientSocket::now`]). The first
-//! wait, for bytes or for room, registers it ([`ClientSocket::registered`]); from then on it is
-//! an ordinary tokio [`TcpStream`].
+//! waiting, as nginx does when it finds a request ready at accept. So the accept loop hands
+//! over a [`ClientSocket`] that is *bare*: a non-blocking descriptor that reads and writes are
+//! tried on directly ([`ClientSocket::now`]). The first wait, for bytes or for room, registers
+//! it ([`ClientSocket::registered`]); from then on it is an ordinary tokio [`TcpStream`].
 //!
 //! Written here because tokio registers every stream it creates (there is no lazily registered
 //! stream in tokio or mio).
@@ -56,11 +56,8 @@ impl ClientSocket {
     /// bare. An error (the event loop refused it) leaves it closed: every later use fails.
     pub fn registered(&mut self) -> io::Result<&mut TcpStream> {
         if let State::Bare(_) = self.0 {
-            let State::Bare(s) = std::mem::replace(&mut self.0, State::Closed) else {
-                unreachable!("matched just above")
-            };
-            // (On failure tokio drops, and so closes, the socket.)
-            self.0 = State::Registered(TcpStream::from_std(s)?);
+            let taken = std::mem::replace(&mut self.0, State::Closed);
+            self.0 = State::Registered(Self::register(taken)?);
         }
         match &mut self.0 {
             State::Registered(s) => Ok(s),
@@ -69,11 +66,17 @@ impl ClientSocket {
     }
 
     /// The socket as a registered tokio stream ([`ClientSocket::registered`]).
-    pub fn into_registered(mut self) -> io::Result<TcpStream> {
-        self.registered()?;
-        match self.0 {
+    pub fn into_registered(self) -> io::Result<TcpStream> {
+        Self::register(self.0)
+    }
+
+    /// The stream of `state`, registered now if it is bare. (On failure tokio drops, and so
+    /// closes, the socket.)
+    fn register(state: State) -> io::Result<TcpStream> {
+        match state {
+            State::Bare(s) => TcpStream::from_std(s),
             State::Registered(s) => Ok(s),
-            _ => Err(closed()),
+            State::Closed => Err(closed()),
         }
     }
 
@@ -113,30 +116,29 @@ impl ClientSocket {
 
     /// The client's address.
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
-        match &self.0 {
-            State::Bare(s) => s.peer_addr(),
-            State::Registered(s) => s.peer_addr(),
-            State::Closed => Err(closed()),
-        }
+        self.socket(|s| s.peer_addr()).and_then(ip_addr)
     }
 
     /// This host's address of the connection.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        match &self.0 {
-            State::Bare(s) => s.local_addr(),
-            State::Registered(s) => s.local_addr(),
-            State::Closed => Err(closed()),
-        }
+        self.socket(|s| s.local_addr()).and_then(ip_addr)
     }
 
     /// Set `TCP_NODELAY`.
     pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
-        match &self.0 {
-            State::Bare(s) => s.set_nodelay(on),
-            State::Registered(s) => s.set_nodelay(on),
-            State::Closed => Err(closed()),
-        }
+        self.socket(|s| s.set_tcp_nodelay(on))
     }
+
+    /// Run `f` on the socket's options, bare or registered.
+    fn socket<R>(&self, f: impl FnOnce(&socket2::SockRef<'_>) -> io::Result<R>) -> io::Result<R> {
+        let fd = self.fd()?;
+        f(&socket2::SockRef::from(&fd))
+    }
+}
+
+fn ip_addr(a: socket2::SockAddr) -> io::Result<SocketAddr> {
+    a.as_socket()
+        .ok_or_else(|| io::Error::other("a TCP socket without an IP address"))
 }
 
 /// Run the write `f` on the registered socket `to` at once, without first asking tokio whether

@@ -212,7 +212,8 @@ pub async fn send_to_client(
         return (0, Ok(()));
     }
     let mut done = 0;
-    if !to.is_registered() {
+    let bare = !to.is_registered();
+    if bare {
         match to.now(Interest::WRITABLE, |fd| send_flags(fd, data, more)) {
             Ok(n) if n == data.len() => return (n, Ok(())),
             Ok(n) => done = n,
@@ -224,6 +225,14 @@ pub async fn send_to_client(
         Ok(s) => &*s,
         Err(e) => return (done, Err(e)),
     };
+    if bare {
+        // The send buffer is full: wait for room rather than try a send that would fail.
+        match timeout_at(until, to.writable()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return (done, Err(e)),
+            Err(_) => return (done, Err(timed_out())),
+        }
+    }
     let (more_done, r) = send_all(to, &data[done..], more, until).await;
     (done + more_done, r)
 }
