@@ -57,35 +57,9 @@ head -c 16384 /dev/urandom > "$root/16k"
 head -c 102400 /dev/urandom > "$root/100k"
 head -c 1048576 /dev/urandom > "$root/1m"
 
-cores=$(nproc)
-cat > "$work/nginx.conf" <<CONF
-worker_processes $cores;
-pid $work/nginx.pid;
-error_log $work/nginx-error.log warn;
-daemon off;
-worker_rlimit_nofile 19000;
-events { worker_connections 18000; }
-http {
-    access_log off;
-    sendfile on;
-    tcp_nopush on;
-    tcp_nodelay on;
-    keepalive_timeout 75s;
-    keepalive_requests 1000000;
-    open_file_cache max=1000 inactive=60s;
-    open_file_cache_valid 60s;
-    default_type application/octet-stream;
-    client_body_temp_path $work/nginx-body;
-    proxy_temp_path $work/nginx-proxy;
-    fastcgi_temp_path $work/nginx-fastcgi;
-    uwsgi_temp_path $work/nginx-uwsgi;
-    scgi_temp_path $work/nginx-scgi;
-    server {
-        listen 127.0.0.1:$NGINX_PORT backlog=4096;
-        root $root;
-    }
-}
-CONF
+# shellcheck source=../lib/wrk.sh
+. "$top/bench/lib/wrk.sh"
+nginx_conf "$root" $NGINX_PORT
 nginx -c "$work/nginx.conf" -e "$work/nginx-error.log" &
 pids+=($!); nginx_pid=$!
 "$bin" node --listen 127.0.0.1:$NODE_PORT --root "$root" --cache-bytes 67108864 2>"$work/node.log" &
@@ -96,30 +70,6 @@ done
 
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 nginx_all() { echo "$nginx_pid $(pgrep -P "$nginx_pid" | tr '\n' ' ')"; }
-# CPU ticks (utime + stime) of the given processes.
-ticks() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo $t; }
-hz=$(getconf CLK_TCK)
-# wrk prints "Requests/sec: N" and, with --latency, "99% Xunit".
-to_us() { awk '{v=$1; if (v ~ /us$/) {sub(/us/,"",v); print v} else if (v ~ /ms$/) {sub(/ms/,"",v); print v*1000} else if (v ~ /s$/) {sub(/s/,"",v); print v*1000000} else print v}'; }
-run_wrk() { # port size mode pids...
-    local port=$1 size=$2 mode=$3; shift 3
-    local extra=()
-    [ "$mode" = close ] && extra=(-H "Connection: close")
-    local out t0 t1
-    t0=$(ticks "$@")
-    out=$(wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --latency "${extra[@]}" "http://127.0.0.1:$port/$size")
-    t1=$(ticks "$@")
-    local rps p99 reqs cpu
-    rps=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
-    reqs=$(awk '/requests in/ {print $1}' <<<"$out")
-    cpu=$(awk -v d=$((t1 - t0)) -v n="$reqs" -v hz="$hz" 'BEGIN {printf "%.1f", (n > 0 ? d / hz * 1e6 / n : 0)}')
-    p99=$(awk '$1=="99%" {print $2}' <<<"$out" | to_us)
-    local errs
-    errs=$(awk '/Non-2xx|Socket errors/ {print}' <<<"$out" | tr '\n' ' ')
-    [ -n "$errs" ] && echo "  note: port $port $size $mode: $errs" >&2
-    echo "$rps $p99 $cpu"
-}
-median() { sort -n | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 
 [ -n "$SIZES" ] && {
 echo "| file | mode | nginx req/s | node req/s | node/nginx | nginx p99 µs | node p99 µs | nginx CPU µs/req | node CPU µs/req |"

@@ -1,0 +1,548 @@
+//! floor: the least work an HTTP/1.1 server can do per request, as a yardstick.
+//!
+//! It answers every request on its port with the same in-memory response of `--body` bytes,
+//! reading nothing from disk, parsing nothing beyond the end of the head and a
+//! `Connection: close`, logging nothing and keeping no metrics. Whatever it costs per request
+//! is what the kernel's TCP stack and the event interface cost, the part that any server pays,
+//! so `floor / nginx` bounds from above what any server (the node included) can reach against
+//! nginx on this machine: a target above it cannot be met by user-space work alone.
+//!
+//! Two engines, one thread per core on `SO_REUSEPORT` listeners, as the node runs:
+//! - `epoll`: accept4, then a read tried at once; a connection is registered (level-triggered)
+//!   only when it must wait, as the node does; close-mode connections answered at accept never
+//!   are. No read is tried after an answer on a registered connection: the event says when.
+//! - `uring`: one ring per thread, a multishot accept, and recv, send and close submitted as
+//!   ring entries, so that a batch of connections costs one `io_uring_enter`
+//!   (`IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN`, the setup liburing recommends
+//!   for a thread-per-ring server).
+//!
+//! Usage: `floor --port 18090 --threads 2 --engine epoll|uring --body 1024`
+
+use std::io;
+use std::os::fd::RawFd;
+
+use io_uring::{opcode, squeue, types, IoUring};
+
+/// The request head this server accepts at most; a longer one closes the connection.
+const HEAD_MAX: usize = 4096;
+
+struct Args {
+    port: u16,
+    threads: usize,
+    engine: String,
+    body: usize,
+}
+
+fn args() -> Result<Args, String> {
+    let mut a = Args {
+        port: 18090,
+        threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        engine: "epoll".into(),
+        body: 1024,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(k) = it.next() {
+        let v = it.next().ok_or_else(|| format!("{k} needs a value"))?;
+        let bad = |e: std::num::ParseIntError| format!("{k} {v}: {e}");
+        match k.as_str() {
+            "--port" => a.port = v.parse().map_err(bad)?,
+            "--threads" => a.threads = v.parse().map_err(bad)?,
+            "--body" => a.body = v.parse().map_err(bad)?,
+            "--engine" if v == "epoll" || v == "uring" => a.engine = v,
+            _ => return Err(format!("unknown argument {k} {v}")),
+        }
+    }
+    Ok(a)
+}
+
+/// The two answers, built once: keep-alive and close.
+struct Responses {
+    keep: Vec<u8>,
+    close: Vec<u8>,
+}
+
+impl Responses {
+    fn new(body: usize) -> Responses {
+        let make = |extra: &str| {
+            let mut r = format!(
+                "HTTP/1.1 200 OK\r\nServer: floor\r\nContent-Type: application/octet-stream\r\n\
+                 Content-Length: {body}\r\n{extra}\r\n"
+            )
+            .into_bytes();
+            r.resize(r.len() + body, b'x');
+            r
+        };
+        Responses {
+            keep: make(""),
+            close: make("Connection: close\r\n"),
+        }
+    }
+
+    fn pick(&self, close: bool) -> &[u8] {
+        if close {
+            &self.close
+        } else {
+            &self.keep
+        }
+    }
+}
+
+/// The end of the first request head in `buf` and whether it asks to close.
+fn request(buf: &[u8]) -> Option<(usize, bool)> {
+    let end = buf.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let pat = b"connection: close";
+    let close = buf[..end]
+        .windows(pat.len())
+        .any(|w| w.eq_ignore_ascii_case(pat));
+    Some((end, close))
+}
+
+/// One connection's state; boxed, so that the kernel may hold pointers into `buf`.
+struct Conn {
+    buf: [u8; HEAD_MAX],
+    len: usize,
+    /// The response being sent and how much of it went out.
+    out: Option<(&'static [u8], usize)>,
+    close_after: bool,
+    /// The epoll interest it is registered with (epoll engine), 0 if none.
+    interest: u32,
+}
+
+impl Conn {
+    fn new() -> Box<Conn> {
+        Box::new(Conn {
+            buf: [0; HEAD_MAX],
+            len: 0,
+            out: None,
+            close_after: false,
+            interest: 0,
+        })
+    }
+
+    /// Take the next whole request from the buffer, setting the response to send.
+    fn next_request(&mut self, resp: &'static Responses) -> bool {
+        let Some((end, close)) = request(&self.buf[..self.len]) else {
+            return false;
+        };
+        self.buf.copy_within(end..self.len, 0);
+        self.len -= end;
+        self.out = Some((resp.pick(close), 0));
+        self.close_after = close;
+        true
+    }
+}
+
+fn errno() -> i32 {
+    io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+fn check(rc: libc::c_int, what: &str) -> io::Result<libc::c_int> {
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        Err(io::Error::new(e.kind(), format!("{what}: {e}")))
+    } else {
+        Ok(rc)
+    }
+}
+
+/// A non-blocking `SO_REUSEPORT` listener on 127.0.0.1:`port`.
+fn listener(port: u16) -> io::Result<RawFd> {
+    // SAFETY: plain system calls on a descriptor this function owns, with valid pointers and
+    // lengths.
+    unsafe {
+        let fd = check(
+            libc::socket(
+                libc::AF_INET,
+                libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+            ),
+            "socket",
+        )?;
+        let one: libc::c_int = 1;
+        for opt in [libc::SO_REUSEADDR, libc::SO_REUSEPORT] {
+            check(
+                libc::setsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    opt,
+                    (&one as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                ),
+                "setsockopt",
+            )?;
+        }
+        let mut sa: libc::sockaddr_in = std::mem::zeroed();
+        sa.sin_family = libc::AF_INET as libc::sa_family_t;
+        sa.sin_port = port.to_be();
+        sa.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+        check(
+            libc::bind(
+                fd,
+                (&sa as *const libc::sockaddr_in).cast(),
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            ),
+            "bind",
+        )?;
+        check(libc::listen(fd, 4096), "listen")?;
+        Ok(fd)
+    }
+}
+
+/// Connections by descriptor number.
+struct Table(Vec<Option<Box<Conn>>>);
+
+impl Table {
+    fn put(&mut self, fd: RawFd) -> &mut Conn {
+        let i = fd as usize;
+        if self.0.len() <= i {
+            self.0.resize_with(i + 1, || None);
+        }
+        self.0[i].insert(Conn::new())
+    }
+
+    fn get(&mut self, fd: RawFd) -> Option<&mut Conn> {
+        self.0.get_mut(fd as usize).and_then(|c| c.as_deref_mut())
+    }
+
+    fn remove(&mut self, fd: RawFd) {
+        if let Some(c) = self.0.get_mut(fd as usize) {
+            *c = None;
+        }
+    }
+}
+
+// ---- epoll ----
+
+const LISTENER: u64 = u64::MAX;
+
+fn run_epoll(l: RawFd, resp: &'static Responses) -> io::Result<()> {
+    // SAFETY: system calls on descriptors this thread owns, with buffers it owns.
+    unsafe {
+        let ep = check(libc::epoll_create1(libc::EPOLL_CLOEXEC), "epoll_create1")?;
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: LISTENER,
+        };
+        check(
+            libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, l, &mut ev),
+            "epoll_ctl",
+        )?;
+        let mut conns = Table(Vec::new());
+        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
+        loop {
+            let n = libc::epoll_wait(ep, events.as_mut_ptr(), events.len() as i32, -1);
+            if n < 0 {
+                if errno() == libc::EINTR {
+                    continue;
+                }
+                return Err(io::Error::last_os_error());
+            }
+            for ev in &events[..n as usize] {
+                if ev.u64 == LISTENER {
+                    loop {
+                        let fd = libc::accept4(
+                            l,
+                            std::ptr::null_mut(),
+                            std::ptr::null_mut(),
+                            libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                        );
+                        if fd < 0 {
+                            break; // EAGAIN, or out of descriptors: the next event retries
+                        }
+                        conns.put(fd);
+                        drive(ep, fd, &mut conns, resp, true);
+                    }
+                } else {
+                    drive(ep, ev.u64 as RawFd, &mut conns, resp, true);
+                }
+            }
+        }
+    }
+}
+
+/// Advance one connection as far as it goes without waiting.
+///
+/// # Safety
+/// `fd` is a connection in `conns`, `ep` this thread's epoll descriptor.
+unsafe fn drive(ep: RawFd, fd: RawFd, conns: &mut Table, resp: &'static Responses, read: bool) {
+    let Some(c) = conns.get(fd) else { return };
+    let mut read = read;
+    loop {
+        if let Some((out, off)) = c.out {
+            let n = libc::send(
+                fd,
+                out[off..].as_ptr().cast(),
+                out.len() - off,
+                libc::MSG_NOSIGNAL,
+            );
+            if n < 0 {
+                if errno() == libc::EAGAIN {
+                    want(ep, fd, c, libc::EPOLLOUT as u32);
+                    return;
+                }
+                break;
+            }
+            let off = off + n as usize;
+            if off < out.len() {
+                c.out = Some((out, off));
+                continue;
+            }
+            c.out = None;
+            if c.close_after {
+                break;
+            }
+            // Answered: the next read waits for the event that says there is something.
+            read = c.len > 0;
+        }
+        if c.next_request(resp) {
+            continue;
+        }
+        if c.len == HEAD_MAX {
+            break;
+        }
+        if !read {
+            want(ep, fd, c, libc::EPOLLIN as u32);
+            return;
+        }
+        let n = libc::recv(fd, c.buf[c.len..].as_mut_ptr().cast(), HEAD_MAX - c.len, 0);
+        if n == 0 {
+            break;
+        }
+        if n < 0 {
+            if errno() == libc::EAGAIN {
+                want(ep, fd, c, libc::EPOLLIN as u32);
+                return;
+            }
+            break;
+        }
+        c.len += n as usize;
+    }
+    // Closing the last reference also removes it from the epoll set.
+    libc::close(fd);
+    conns.remove(fd);
+}
+
+/// Register `fd` for `interest` unless it is so already.
+unsafe fn want(ep: RawFd, fd: RawFd, c: &mut Conn, interest: u32) {
+    if c.interest == interest {
+        return;
+    }
+    let op = if c.interest == 0 {
+        libc::EPOLL_CTL_ADD
+    } else {
+        libc::EPOLL_CTL_MOD
+    };
+    let mut ev = libc::epoll_event {
+        events: interest,
+        u64: fd as u64,
+    };
+    if libc::epoll_ctl(ep, op, fd, &mut ev) == 0 {
+        c.interest = interest;
+    }
+}
+
+// ---- io_uring ----
+
+const ACCEPT: u64 = 0;
+const RECV: u64 = 1;
+const SEND: u64 = 2;
+const CLOSE: u64 = 3;
+
+fn tag(fd: RawFd, op: u64) -> u64 {
+    ((fd as u64) << 8) | op
+}
+
+struct Ring {
+    ring: IoUring,
+}
+
+impl Ring {
+    /// Queue `e`, submitting what is queued first if the queue is full.
+    fn push(&mut self, e: squeue::Entry) -> io::Result<()> {
+        // SAFETY: every buffer an entry points at is a boxed connection's or a response's,
+        // both alive until its completion is reaped (a connection is dropped only when its
+        // close is queued, after its last recv or send completed).
+        unsafe {
+            while self.ring.submission().push(&e).is_err() {
+                self.ring.submit()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn recv(&mut self, fd: RawFd, c: &mut Conn) -> io::Result<()> {
+        let spare = &mut c.buf[c.len..];
+        let e = opcode::Recv::new(types::Fd(fd), spare.as_mut_ptr(), spare.len() as u32)
+            .build()
+            .user_data(tag(fd, RECV));
+        self.push(e)
+    }
+
+    fn send(&mut self, fd: RawFd, c: &Conn) -> io::Result<()> {
+        let (out, off) = c.out.expect("a response to send");
+        let rest = &out[off..];
+        let e = opcode::Send::new(types::Fd(fd), rest.as_ptr(), rest.len() as u32)
+            .flags(libc::MSG_NOSIGNAL)
+            .build()
+            .user_data(tag(fd, SEND));
+        self.push(e)
+    }
+
+    fn close(&mut self, fd: RawFd, conns: &mut Table) -> io::Result<()> {
+        conns.remove(fd);
+        self.push(
+            opcode::Close::new(types::Fd(fd))
+                .build()
+                .user_data(tag(fd, CLOSE)),
+        )
+    }
+
+    fn accept(&mut self, l: RawFd) -> io::Result<()> {
+        self.push(
+            opcode::AcceptMulti::new(types::Fd(l))
+                .flags(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
+                .build()
+                .user_data(ACCEPT),
+        )
+    }
+
+    /// After a completed read or send: answer, read on, or close.
+    fn advance(
+        &mut self,
+        fd: RawFd,
+        conns: &mut Table,
+        resp: &'static Responses,
+    ) -> io::Result<()> {
+        let Some(c) = conns.get(fd) else {
+            return Ok(());
+        };
+        if c.out.is_none() && c.next_request(resp) {
+            return self.send(fd, c);
+        }
+        if c.len == HEAD_MAX {
+            return self.close(fd, conns);
+        }
+        self.recv(fd, c)
+    }
+}
+
+fn run_uring(l: RawFd, resp: &'static Responses) -> io::Result<()> {
+    let ring = IoUring::builder()
+        .setup_single_issuer()
+        .setup_defer_taskrun()
+        .setup_cqsize(8192)
+        .build(4096)?;
+    let mut r = Ring { ring };
+    let mut conns = Table(Vec::new());
+    let mut done: Vec<(u64, i32, u32)> = Vec::with_capacity(1024);
+    r.accept(l)?;
+    loop {
+        match r.ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
+            Err(e) => return Err(e),
+        }
+        done.clear();
+        done.extend(
+            r.ring
+                .completion()
+                .map(|c| (c.user_data(), c.result(), c.flags())),
+        );
+        for &(ud, res, flags) in &done {
+            let fd = (ud >> 8) as RawFd;
+            match ud & 0xff {
+                ACCEPT => {
+                    if res >= 0 {
+                        let c = conns.put(res);
+                        r.recv(res, c)?;
+                    }
+                    if !io_uring::cqueue::more(flags) {
+                        r.accept(l)?;
+                    }
+                }
+                RECV => {
+                    if res <= 0 {
+                        r.close(fd, &mut conns)?;
+                        continue;
+                    }
+                    if let Some(c) = conns.get(fd) {
+                        c.len += res as usize;
+                    }
+                    r.advance(fd, &mut conns, resp)?;
+                }
+                SEND => {
+                    let Some(c) = conns.get(fd) else { continue };
+                    if res < 0 {
+                        r.close(fd, &mut conns)?;
+                        continue;
+                    }
+                    let (out, off) = c.out.expect("a response in flight");
+                    let off = off + res as usize;
+                    if off < out.len() {
+                        c.out = Some((out, off));
+                        r.send(fd, c)?;
+                    } else if c.close_after {
+                        r.close(fd, &mut conns)?;
+                    } else {
+                        c.out = None;
+                        r.advance(fd, &mut conns, resp)?;
+                    }
+                }
+                _ => {} // CLOSE: nothing left to do
+            }
+        }
+    }
+}
+
+fn main() {
+    let a = match args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("floor: {e}");
+            std::process::exit(2);
+        }
+    };
+    let resp: &'static Responses = Box::leak(Box::new(Responses::new(a.body)));
+    let threads: Vec<_> = (0..a.threads)
+        .map(|_| {
+            let l = listener(a.port).unwrap_or_else(|e| {
+                eprintln!("floor: cannot listen on 127.0.0.1:{}: {e}", a.port);
+                std::process::exit(1);
+            });
+            let uring = a.engine == "uring";
+            std::thread::spawn(move || {
+                let r = if uring {
+                    run_uring(l, resp)
+                } else {
+                    run_epoll(l, resp)
+                };
+                if let Err(e) = r {
+                    eprintln!("floor: {e}");
+                    std::process::exit(1);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        let _ = t.join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_head_and_close() {
+        assert_eq!(request(b"GET / HTTP/1.1\r\nHost: a\r\n"), None);
+        assert_eq!(
+            request(b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET"),
+            Some((27, false))
+        );
+        assert_eq!(
+            request(b"GET / HTTP/1.1\r\nconnection: Close\r\n\r\n"),
+            Some((37, true))
+        );
+    }
+}
