@@ -2,7 +2,9 @@
 # floor: what any server can reach against nginx on this machine.
 #
 # Builds the floor server (bench/floor/src/main.rs: a fixed in-memory answer, no parsing beyond
-# the end of the head, one thread per core on SO_REUSEPORT, on epoll and on io_uring) and runs
+# the end of the head, one thread per core on SO_REUSEPORT, on epoll and on io_uring; on epoll
+# bodies over 16 KiB are sent with sendfile, as the node sends them, on io_uring always copied,
+# since it has no sendfile) and runs
 # it, nginx (tuned as in bench/node-vs-nginx) and the switchyard node on the same file sizes.
 # wrk drives each in turn (the order rotates every round), keep-alive and "Connection: close";
 # the table gives medians of ROUNDS rounds: requests per second, the ratio to nginx, p99 and
@@ -16,11 +18,11 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
-DURATION=${DURATION:-5}
-ROUNDS=${ROUNDS:-5}
+DURATION=${DURATION:-4}
+ROUNDS=${ROUNDS:-3}
 CONNS=${CONNS:-64}
 THREADS=${THREADS:-2}
-SIZES=${SIZES:-"1k 100k"}
+SIZES=${SIZES:-"1k 16k 100k 1m"}
 MODES=${MODES:-"close keepalive"}
 NGINX_PORT=18080
 NODE_PORT=18081
@@ -76,7 +78,9 @@ echo "|---|---|---|---:|---:|---:|---:|"
 names=(nginx node floor-epoll floor-uring)
 for size in $SIZES; do
     # The floor answers every path with one body: one pair of floors per size.
-    "$floor" --port $EPOLL_PORT --engine epoll --threads "$(nproc)" --body "$(bytes "$size")" &
+    # Bodies over 16 KiB go out with sendfile (as the node sends them), smaller ones copied.
+    sf=(); [ "$(bytes "$size")" -gt 16384 ] && sf=(--sendfile)
+    "$floor" --port $EPOLL_PORT --engine epoll --threads "$(nproc)" --body "$(bytes "$size")" "${sf[@]}" &
     epoll_pid=$!; pids+=($epoll_pid)
     "$floor" --port $URING_PORT --engine uring --threads "$(nproc)" --body "$(bytes "$size")" &
     uring_pid=$!; pids+=($uring_pid)

@@ -16,7 +16,12 @@
 //!   (`IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN`, the setup liburing recommends
 //!   for a thread-per-ring server).
 //!
-//! Usage: `floor --port 18090 --threads 2 --engine epoll|uring --body 1024`
+//! With `--sendfile` (epoll only) the body is kept in a memfd and sent with `sendfile(2)` behind
+//! a head sent with `MSG_MORE`, as nginx and the node send bodies larger than a few pages: the
+//! floor for them, since a copy from user memory costs more than the page references sendfile
+//! hands to the socket.
+//!
+//! Usage: `floor --port 18090 --threads 2 --engine epoll|uring --body 1024 [--sendfile]`
 
 use std::io;
 use std::os::fd::RawFd;
@@ -31,6 +36,7 @@ struct Args {
     threads: usize,
     engine: String,
     body: usize,
+    sendfile: bool,
 }
 
 fn args() -> Result<Args, String> {
@@ -39,9 +45,14 @@ fn args() -> Result<Args, String> {
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         engine: "epoll".into(),
         body: 1024,
+        sendfile: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
+        if k == "--sendfile" {
+            a.sendfile = true;
+            continue;
+        }
         let v = it.next().ok_or_else(|| format!("{k} needs a value"))?;
         let bad = |e: std::num::ParseIntError| format!("{k} {v}: {e}");
         match k.as_str() {
@@ -55,27 +66,37 @@ fn args() -> Result<Args, String> {
     Ok(a)
 }
 
-/// The two answers, built once: keep-alive and close.
+/// The two answers, built once: keep-alive and close; with `file`, heads only, the body in a
+/// memfd of that many bytes.
 struct Responses {
     keep: Vec<u8>,
     close: Vec<u8>,
+    file: Option<(RawFd, usize)>,
 }
 
 impl Responses {
-    fn new(body: usize) -> Responses {
+    fn new(body: usize, sendfile: bool) -> io::Result<Responses> {
         let make = |extra: &str| {
             let mut r = format!(
                 "HTTP/1.1 200 OK\r\nServer: floor\r\nContent-Type: application/octet-stream\r\n\
                  Content-Length: {body}\r\n{extra}\r\n"
             )
             .into_bytes();
-            r.resize(r.len() + body, b'x');
+            if !sendfile {
+                r.resize(r.len() + body, b'x');
+            }
             r
         };
-        Responses {
+        let file = if sendfile {
+            Some((memfd(body)?, body))
+        } else {
+            None
+        };
+        Ok(Responses {
             keep: make(""),
             close: make("Connection: close\r\n"),
-        }
+            file,
+        })
     }
 
     fn pick(&self, close: bool) -> &[u8] {
@@ -84,6 +105,27 @@ impl Responses {
         } else {
             &self.keep
         }
+    }
+}
+
+/// A memfd holding `len` bytes of body.
+fn memfd(len: usize) -> io::Result<RawFd> {
+    // SAFETY: a new descriptor this function owns, written from a buffer it owns.
+    unsafe {
+        let fd = check(
+            libc::memfd_create(c"floor-body".as_ptr(), libc::MFD_CLOEXEC),
+            "memfd_create",
+        )?;
+        let body = vec![b'x'; len];
+        let mut done = 0;
+        while done < len {
+            let n = check(
+                libc::write(fd, body[done..].as_ptr().cast(), len - done) as libc::c_int,
+                "write",
+            )?;
+            done += n as usize;
+        }
+        Ok(fd)
     }
 }
 
@@ -103,6 +145,8 @@ struct Conn {
     len: usize,
     /// The response being sent and how much of it went out.
     out: Option<(&'static [u8], usize)>,
+    /// With `--sendfile`: body bytes still to send behind the head.
+    file_left: usize,
     close_after: bool,
     /// The epoll interest it is registered with (epoll engine), 0 if none.
     interest: u32,
@@ -114,6 +158,7 @@ impl Conn {
             buf: [0; HEAD_MAX],
             len: 0,
             out: None,
+            file_left: 0,
             close_after: false,
             interest: 0,
         })
@@ -127,6 +172,7 @@ impl Conn {
         self.buf.copy_within(end..self.len, 0);
         self.len -= end;
         self.out = Some((resp.pick(close), 0));
+        self.file_left = resp.file.map_or(0, |(_, len)| len);
         self.close_after = close;
         true
     }
@@ -269,30 +315,42 @@ unsafe fn drive(ep: RawFd, fd: RawFd, conns: &mut Table, resp: &'static Response
     let mut read = read;
     loop {
         if let Some((out, off)) = c.out {
-            let n = libc::send(
-                fd,
-                out[off..].as_ptr().cast(),
-                out.len() - off,
-                libc::MSG_NOSIGNAL,
-            );
-            if n < 0 {
-                if errno() == libc::EAGAIN {
-                    want(ep, fd, c, libc::EPOLLOUT as u32);
-                    return;
+            let n = if off < out.len() {
+                let more = if c.file_left > 0 { libc::MSG_MORE } else { 0 };
+                let n = libc::send(
+                    fd,
+                    out[off..].as_ptr().cast(),
+                    out.len() - off,
+                    libc::MSG_NOSIGNAL | more,
+                );
+                if n > 0 {
+                    c.out = Some((out, off + n as usize));
                 }
-                break;
-            }
-            let off = off + n as usize;
-            if off < out.len() {
-                c.out = Some((out, off));
+                n
+            } else if let (Some((file, len)), true) = (resp.file, c.file_left > 0) {
+                let mut at = (len - c.file_left) as libc::off_t;
+                let n = libc::sendfile(fd, file, &mut at, c.file_left);
+                if n > 0 {
+                    c.file_left -= n as usize;
+                }
+                n
+            } else {
+                c.out = None;
+                if c.close_after {
+                    break;
+                }
+                // Answered: the next read waits for the event that says there is something.
+                read = c.len > 0;
                 continue;
+            };
+            if n < 0 && errno() == libc::EAGAIN {
+                want(ep, fd, c, libc::EPOLLOUT as u32);
+                return;
             }
-            c.out = None;
-            if c.close_after {
+            if n <= 0 {
                 break;
             }
-            // Answered: the next read waits for the event that says there is something.
-            read = c.len > 0;
+            continue;
         }
         if c.next_request(resp) {
             continue;
@@ -503,7 +561,15 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let resp: &'static Responses = Box::leak(Box::new(Responses::new(a.body)));
+    if a.sendfile && a.engine == "uring" {
+        eprintln!("floor: --sendfile is for the epoll engine (io_uring has no sendfile)");
+        std::process::exit(2);
+    }
+    let resp = Responses::new(a.body, a.sendfile).unwrap_or_else(|e| {
+        eprintln!("floor: {e}");
+        std::process::exit(1);
+    });
+    let resp: &'static Responses = Box::leak(Box::new(resp));
     let threads: Vec<_> = (0..a.threads)
         .map(|_| {
             let l = listener(a.port).unwrap_or_else(|e| {
