@@ -63,6 +63,7 @@ wait_port() { for _ in $(seq 50); do curl -sf -o /dev/null "http://127.0.0.1:$1/
 root="$work/root"; mkdir -p "$root"
 chmod 755 "$work" "$root"  # nginx workers run unprivileged
 for size in $SIZES; do head -c "$(bytes "$size")" /dev/urandom > "$root/$size"; done
+ports_free $NGINX_PORT $NODE_PORT $EPOLL_PORT $URING_PORT
 nginx_conf "$root" $NGINX_PORT
 nginx -c "$work/nginx.conf" -e "$work/nginx-error.log" &
 pids+=($!); nginx_pid=$!

@@ -7,6 +7,8 @@
 #   run_wrk PORT PATH MODE PID...  one wrk run (THREADS, CONNS, DURATION) on
 #                                http://127.0.0.1:PORT/PATH, MODE keepalive or close; prints
 #                                "req/s p99-µs CPU-µs-per-request" of the given processes
+#   ports_free PORT...           exit with a message if anything listens on one of the ports (a
+#                                leftover server with SO_REUSEPORT would silently share the load)
 #   nginx_conf ROOT PORT         an nginx.conf in $work serving ROOT on 127.0.0.1:PORT, tuned as
 #                                its users tune it for static files (workers = cores, sendfile,
 #                                tcp_nopush, open_file_cache, no access log)
@@ -14,6 +16,16 @@
 ticks() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo $t; }
 to_us() { awk '{v=$1; if (v ~ /us$/) {sub(/us/,"",v); print v} else if (v ~ /ms$/) {sub(/ms/,"",v); print v*1000} else if (v ~ /s$/) {sub(/s/,"",v); print v*1000000} else print v}'; }
 median() { sort -n | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+
+ports_free() {
+    local p
+    for p in "$@"; do
+        if ss -Hltn "sport = :$p" | grep -q .; then
+            echo "port $p is taken: $(ss -Hltnp "sport = :$p" | head -1)" >&2
+            exit 1
+        fi
+    done
+}
 
 run_wrk() {
     local port=$1 path=$2 mode=$3; shift 3

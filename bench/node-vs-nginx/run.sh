@@ -59,6 +59,7 @@ head -c 1048576 /dev/urandom > "$root/1m"
 
 # shellcheck source=../lib/wrk.sh
 . "$top/bench/lib/wrk.sh"
+ports_free $NGINX_PORT $NODE_PORT
 nginx_conf "$root" $NGINX_PORT
 nginx -c "$work/nginx.conf" -e "$work/nginx-error.log" &
 pids+=($!); nginx_pid=$!

@@ -6,6 +6,9 @@
 # them over both nodes) with keep-alive and with "Connection: close", 1 KiB and 100 KiB files,
 # in alternating rounds; the table shows medians. A second table compares moving 100 KiB bodies
 # with splice(2) against the copy loop (splice_min_bytes).
+# The front end "floor" is bench/floor's relay: the least a layer-7 relay can do per request
+# (pooled keep-alive connections to the nodes, round robin, bodies copied, nothing parsed but the
+# end of the head and Content-Length), so floor/HAProxy bounds what any relay reaches here.
 #
 # Usage: bench/switch-vs-haproxy/run.sh
 #        DURATION=5 ROUNDS=3 CONNS=64 THREADS=2 bench/switch-vs-haproxy/run.sh
@@ -25,8 +28,8 @@ THREADS=${THREADS:-2}
 SIZES=${SIZES:-"1k 100k"}
 MODES=${MODES:-"keepalive close"}
 HAPROXY_BUFSIZE=${HAPROXY_BUFSIZE:-16384}
-FRONTS=${FRONTS:-"haproxy nginx sw-chash sw-lard"}
-N1=18101; N2=18102; HAP=18110; NGX=18111; SWC=18112; SWL=18113; SWS=18114; SWP=18115
+FRONTS=${FRONTS:-"haproxy nginx sw-chash sw-lard floor"}
+N1=18101; N2=18102; HAP=18110; NGX=18111; SWC=18112; SWL=18113; SWS=18114; SWP=18115; FLR=18116
 ulimit -n "$(ulimit -Hn)"
 
 for cmd in haproxy nginx wrk curl; do
@@ -154,14 +157,21 @@ start_switch $SWC chash 65536
 start_switch $SWL lard 65536
 start_switch $SWS lard 1
 start_switch $SWP lard 0
+ports="$N1 $N2 $HAP $NGX $SWC $SWL $SWS $SWP"
+if [[ " $FRONTS " == *" floor "* ]]; then
+    (cd "$top/bench/floor" && cargo build --release -q --target-dir "$target/floor")
+    "$target/floor/release/switchyard-floor" --port $FLR --threads "$cores" --relay "127.0.0.1:$N1,127.0.0.1:$N2" 2>"$work/floor.log" &
+    pids+=($!)
+    ports="$ports $FLR"
+fi
 
-for port in $N1 $N2 $HAP $NGX $SWC $SWL $SWS $SWP; do
+for port in $ports; do
     ok=0
     for _ in $(seq 100); do curl -sf -o /dev/null "http://127.0.0.1:$port/1k-0" && { ok=1; break; }; sleep 0.1; done
     [ $ok = 1 ] || { echo "port $port did not come up" >&2; cat "$work"/*.log >&2; exit 1; }
 done
 
-port_of() { case $1 in haproxy) echo $HAP;; nginx) echo $NGX;; sw-chash) echo $SWC;; sw-lard) echo $SWL;; sw-splice) echo $SWS;; sw-copy) echo $SWP;; esac; }
+port_of() { case $1 in haproxy) echo $HAP;; nginx) echo $NGX;; sw-chash) echo $SWC;; sw-lard) echo $SWL;; sw-splice) echo $SWS;; sw-copy) echo $SWP;; floor) echo $FLR;; esac; }
 to_us() { awk '{v=$1; if (v ~ /us$/) {sub(/us/,"",v); print v} else if (v ~ /ms$/) {sub(/ms/,"",v); print v*1000} else if (v ~ /s$/) {sub(/s/,"",v); print v*1000000} else print v}'; }
 run_wrk() { # port size mode
     local extra=()

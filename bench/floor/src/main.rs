@@ -21,12 +21,18 @@
 //! floor for them, since a copy from user memory costs more than the page references sendfile
 //! hands to the socket.
 //!
+//! With `--relay ADDR[,ADDR...]` it is instead the floor of a layer-7 relay in front of those
+//! servers ([`relay`]).
+//!
 //! Usage: `floor --port 18090 --threads 2 --engine epoll|uring --body 1024 [--sendfile]`
+//!        `floor --port 18090 --threads 2 --relay 127.0.0.1:18101,127.0.0.1:18102`
 
 use std::io;
 use std::os::fd::RawFd;
 
 use io_uring::{opcode, squeue, types, IoUring};
+
+mod relay;
 
 /// The request head this server accepts at most; a longer one closes the connection.
 const HEAD_MAX: usize = 4096;
@@ -37,6 +43,7 @@ struct Args {
     engine: String,
     body: usize,
     sendfile: bool,
+    relay: Vec<std::net::SocketAddrV4>,
 }
 
 fn args() -> Result<Args, String> {
@@ -46,6 +53,7 @@ fn args() -> Result<Args, String> {
         engine: "epoll".into(),
         body: 1024,
         sendfile: false,
+        relay: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -60,6 +68,12 @@ fn args() -> Result<Args, String> {
             "--threads" => a.threads = v.parse().map_err(bad)?,
             "--body" => a.body = v.parse().map_err(bad)?,
             "--engine" if v == "epoll" || v == "uring" => a.engine = v,
+            "--relay" => {
+                a.relay = v
+                    .split(',')
+                    .map(|s| s.parse().map_err(|e| format!("--relay {s}: {e}")))
+                    .collect::<Result<_, _>>()?
+            }
             _ => return Err(format!("unknown argument {k} {v}")),
         }
     }
@@ -561,8 +575,8 @@ fn main() {
             std::process::exit(2);
         }
     };
-    if a.sendfile && a.engine == "uring" {
-        eprintln!("floor: --sendfile is for the epoll engine (io_uring has no sendfile)");
+    if a.engine == "uring" && (a.sendfile || !a.relay.is_empty()) {
+        eprintln!("floor: --sendfile and --relay are for the epoll engine");
         std::process::exit(2);
     }
     let resp = Responses::new(a.body, a.sendfile).unwrap_or_else(|e| {
@@ -577,8 +591,11 @@ fn main() {
                 std::process::exit(1);
             });
             let uring = a.engine == "uring";
+            let upstreams = a.relay.clone();
             std::thread::spawn(move || {
-                let r = if uring {
+                let r = if !upstreams.is_empty() {
+                    relay::run(l, upstreams)
+                } else if uring {
                     run_uring(l, resp)
                 } else {
                     run_epoll(l, resp)
