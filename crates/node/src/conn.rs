@@ -49,7 +49,7 @@ use switchyard_http::range::{evaluate, RangeDecision};
 use switchyard_http::request::{BodyFraming, Limits, Method, RequestHead, Version};
 use switchyard_http::response::{DateCache, ResponseHead};
 use switchyard_runtime::ClientSocket;
-use switchyard_upstream::splice::send_to_client;
+use switchyard_upstream::splice::{send_to_client, send_to_client_or_wait};
 
 use crate::forward;
 use crate::fs::FileInfo;
@@ -274,6 +274,8 @@ struct Conn<'a, R: Router> {
     /// ([`ClientConn::take_ticket`]). Declared before `stream`: it must leave the list
     /// before the socket closes.
     listed: Option<Waiting>,
+    /// The response being written is the connection's last: see [`Conn::write_out`].
+    closing: bool,
     ctx: &'a Ctx,
     /// Bare until the connection must wait ([`ClientSocket`]).
     stream: ClientSocket,
@@ -396,6 +398,7 @@ pub(crate) async fn serve_parking(
         replica: None,
         copy_to: None,
         listed,
+        closing: false,
         park_after: Some(park_after),
     };
     match conn.run(first).await {
@@ -435,6 +438,7 @@ pub(crate) async fn serve_routed<R: Router>(
         replica: None,
         copy_to: None,
         listed: None,
+        closing: false,
         park_after: None,
     };
     match conn.run(true).await {
@@ -862,6 +866,7 @@ impl<R: Router> Conn<'_, R> {
             }
         }
         let keep = head.keep_alive && !self.stopping();
+        self.closing = !keep;
         // A response head is a few hundred bytes; reserve once rather than
         // growing an empty buffer piece by piece.
         self.out.reserve(1024);
@@ -906,6 +911,7 @@ impl<R: Router> Conn<'_, R> {
     /// Send an error status, then close; the client may still be sending
     /// (that is often why it failed), so always linger.
     async fn fail(&mut self, status: u16) {
+        self.closing = true;
         self.error_response(status, false, Method::Get, false);
         if self.flush().await.is_ok() {
             self.linger().await;
@@ -935,6 +941,7 @@ impl<R: Router> Conn<'_, R> {
     /// otherwise linger so that unread bytes cannot turn our close into a
     /// reset that destroys the response.
     async fn close(&mut self) -> End {
+        self.closing = true;
         if self.flush().await.is_err() {
             return End::Broken;
         }
@@ -1242,10 +1249,24 @@ impl<R: Router> Conn<'_, R> {
     /// Write everything in `out`. With `more`, the kernel is told that
     /// more data follows (MSG_MORE), so a head and the sendfile body behind
     /// it leave in full segments rather than a small one first.
+    ///
+    /// The connection is listed as waiting on its client ([`WaitingClients`]) from the write on,
+    /// for the wait for its next request; one that closes after this response (`closing`) waits
+    /// on its client only if the write itself must wait, and is listed only then. Nothing to
+    /// write lists nothing.
     async fn write_out(&mut self, more: bool) -> io::Result<()> {
-        self.listed = Some(self.ctx.waiting.enter(self.stream.raw_fd()));
+        let (waiting, listed, fd) = (&self.ctx.waiting, &mut self.listed, self.stream.raw_fd());
+        let lazy = self.closing || self.out.is_empty();
+        if !lazy {
+            *listed = Some(waiting.enter(fd));
+        }
         let until = tokio::time::Instant::now() + self.ctx.send_timeout;
-        let (done, sent) = send_to_client(&mut self.stream, &self.out, more, until).await;
+        let (done, sent) = send_to_client_or_wait(&mut self.stream, &self.out, more, until, || {
+            if lazy {
+                *listed = Some(waiting.enter(fd));
+            }
+        })
+        .await;
         self.note_timeout(&sent);
         sent?;
         self.ctx.metrics.bytes_out.fetch_add(done as u64, Relaxed);
@@ -1271,7 +1292,9 @@ impl<R: Router> Conn<'_, R> {
         let mut left = len;
         let until = tokio::time::Instant::now() + self.ctx.send_timeout;
         while left > 0 {
-            self.listed = Some(self.ctx.waiting.enter(self.stream.raw_fd()));
+            if !self.closing {
+                self.listed = Some(self.ctx.waiting.enter(self.stream.raw_fd()));
+            }
             let sent = self.stream.now(tokio::io::Interest::WRITABLE, |to| {
                 let chunk = left.min(1 << 30) as usize;
                 nix::sys::sendfile::sendfile64(to, file.as_fd(), Some(&mut off), chunk)
@@ -1294,6 +1317,9 @@ impl<R: Router> Conn<'_, R> {
                         .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if self.closing {
+                        self.listed = Some(self.ctx.waiting.enter(self.stream.raw_fd()));
+                    }
                     // The first wait registers a bare socket.
                     if timeout_at(until, self.stream.registered()?.writable())
                         .await
@@ -1443,6 +1469,83 @@ mod tests {
             assert_eq!(stats.requests, 2);
             assert_eq!(stats.bytes, all.len() as u64);
         });
+    }
+
+    /// A bare client socket (as the accept loop hands it over) whose request has arrived, and
+    /// the client's end.
+    async fn bare_with_request(
+        request: &[u8],
+    ) -> (switchyard_runtime::ClientSocket, tokio::net::TcpStream) {
+        use tokio::io::AsyncWriteExt;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = tokio::net::TcpStream::connect(l.local_addr().unwrap())
+            .await
+            .unwrap();
+        client.write_all(request).await.unwrap();
+        let (server, _) = l.accept().unwrap();
+        server.set_nonblocking(true).unwrap();
+        let mut p = libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(&server),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        assert_eq!(unsafe { libc::poll(&mut p, 1, 5000) }, 1, "no request");
+        (switchyard_runtime::ClientSocket::bare(server), client)
+    }
+
+    /// A request answered in full at once and closed never waits on its client, so it is never
+    /// listed among the connections that do (a cross-thread lock and a tree insert and removal
+    /// each, twice per request); one whose last response must wait for its client to read is
+    /// listed while it waits, and so can still be shed.
+    #[tokio::test]
+    async fn a_closing_connection_is_listed_only_if_its_answer_waits() {
+        use tokio::io::AsyncReadExt;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.txt"), b"alpha").unwrap();
+        // Far beyond what loopback buffers hold for a client that does not read.
+        let big = vec![b'z'; 16 << 20];
+        std::fs::write(dir.path().join("big"), &big).unwrap();
+        let ctx = ctx(dir.path());
+        let (_tx, rx) = tokio::sync::watch::channel(false);
+        let start = || super::Start::New {
+            preread: bytes::BytesMut::new(),
+        };
+
+        let entered = ctx.waiting.entered();
+        tokio::pin!(entered);
+        entered.as_mut().enable();
+        let (server, mut client) =
+            bare_with_request(b"GET /a.txt HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
+        let served =
+            super::serve_parking(&ctx, server, rx.clone(), start(), Duration::from_secs(60));
+        assert!(matches!(served.await, super::Served::Closed(_)));
+        let mut all = Vec::new();
+        client.read_to_end(&mut all).await.unwrap();
+        assert!(all.ends_with(b"alpha"), "{all:?}");
+        let listed = tokio::time::timeout(Duration::ZERO, &mut entered)
+            .await
+            .is_ok();
+        assert!(!listed, "a connection that never waited was listed");
+
+        let entered = ctx.waiting.entered();
+        tokio::pin!(entered);
+        entered.as_mut().enable();
+        let (server, mut client) =
+            bare_with_request(b"GET /big HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
+        let task = {
+            let ctx = ctx.clone();
+            tokio::spawn(async move {
+                super::serve_parking(&ctx, server, rx, start(), Duration::from_secs(60)).await
+            })
+        };
+        entered.await;
+        assert_eq!(ctx.waiting.len(), 1, "the waiting answer is listed");
+        let mut all = Vec::new();
+        client.read_to_end(&mut all).await.unwrap();
+        assert!(all.ends_with(&big[big.len() - 64..]) && all.len() > big.len());
+        assert!(matches!(task.await.unwrap(), super::Served::Closed(_)));
+        assert!(ctx.waiting.is_empty());
     }
 
     /// Serves every request here; `steered` as given.

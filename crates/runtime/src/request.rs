@@ -191,6 +191,16 @@ pub async fn next_head_or_park<C: ClientConn>(
                 }
             }
         }
+        // A new connection's first request, there with the handshake (always so with
+        // deferred accepts), is read before anything else: it has answered nothing, so it has
+        // nothing pending, and it does not wait.
+        let p = c.parts();
+        if p.buf.is_empty() && w.first && w.read_early && !tried_early {
+            tried_early = true;
+            if read_now(p.stream, p.buf) {
+                continue;
+            }
+        }
         // About to wait for the client. Listed first, then what is pending is sent: a client
         // that has its answer finds the connection already waiting for it (so the order of
         // waiting is the order in which answers were sent, and a client sending its next
@@ -206,12 +216,6 @@ pub async fn next_head_or_park<C: ClientConn>(
             ticket = Some(t);
         }
         let p = c.parts();
-        if p.buf.is_empty() && w.first && w.read_early && !tried_early {
-            tried_early = true;
-            if read_now(p.stream, p.buf) {
-                continue;
-            }
-        }
         if p.buf.is_empty() {
             if *p.shutdown.borrow() {
                 return Err(HeadEnd::Closed);

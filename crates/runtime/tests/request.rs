@@ -228,6 +228,11 @@ async fn the_early_read_takes_what_is_there() {
             .await
             .unwrap();
         arrived(&s.stream);
+        let list = WaitingClients::new();
+        s.list = Some(list.clone());
+        let entered = list.entered();
+        tokio::pin!(entered);
+        entered.as_mut().enable();
         let limits = Limits::default();
         let w = HeadWait {
             read_early,
@@ -237,8 +242,13 @@ async fn the_early_read_takes_what_is_there() {
         assert_eq!(h.target, "/x");
         assert_eq!(s.idles, usize::from(!read_early));
         // Read at once, the request never made the socket wait: the event loop does not know
-        // it. Through the idle wait, it does.
+        // it, and it was never listed as waiting on its client (nor flushed anything first).
+        // Through the idle wait, it was both.
         assert_eq!(s.stream.is_registered(), !read_early);
+        assert_eq!(s.before_waits, usize::from(!read_early));
+        let listed = tokio::time::timeout(Duration::ZERO, entered).await.is_ok();
+        assert_eq!(listed, !read_early, "listed as waiting");
+        assert!(list.is_empty());
     }
 }
 

@@ -207,6 +207,19 @@ pub async fn send_to_client(
     more: bool,
     until: Instant,
 ) -> (usize, io::Result<()>) {
+    send_to_client_or_wait(to, data, more, until, || {}).await
+}
+
+/// [`send_to_client`], calling `waits` once before the send may wait for its client: a bare
+/// socket whose send finishes at once never calls it, a registered one always does (its
+/// writes are tried and waited for in one loop, [`send_all`]).
+pub async fn send_to_client_or_wait(
+    to: &mut ClientSocket,
+    data: &[u8],
+    more: bool,
+    until: Instant,
+    waits: impl FnOnce(),
+) -> (usize, io::Result<()>) {
     if data.is_empty() {
         // (No system call, and no registration, for nothing.)
         return (0, Ok(()));
@@ -221,6 +234,7 @@ pub async fn send_to_client(
             Err(e) => return (0, Err(e)),
         }
     }
+    waits();
     let to = match to.registered() {
         Ok(s) => &*s,
         Err(e) => return (done, Err(e)),
