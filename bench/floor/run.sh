@@ -30,32 +30,14 @@ EPOLL_PORT=18090
 URING_PORT=18091
 ulimit -n "$(ulimit -Hn)"
 
-for cmd in nginx wrk curl; do
-    if ! command -v "$cmd" >/dev/null; then
-        [ "$(id -u)" -eq 0 ] || { echo "need $cmd (apt-get install nginx wrk curl)" >&2; exit 1; }
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light wrk curl || \
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx wrk curl
-    fi
-done
+# shellcheck source=../lib/wrk.sh
+. "$top/bench/lib/wrk.sh"
+bench_tools nginx wrk curl
+switchyard_bin
 target=${CARGO_TARGET_DIR:-$top/target}
 (cd "$here" && cargo build --release -q --target-dir "$target/floor")
 floor="$target/floor/release/switchyard-floor"
-if [ -z "${SWITCHYARD_BIN:-}" ]; then
-    (cd "$top" && cargo build --release --locked -q -p switchyard)
-fi
-bin="${SWITCHYARD_BIN:-$target/release/switchyard}"
-
-work=$(mktemp -d /tmp/sy-floor-XXXXXX)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
-# shellcheck source=../lib/wrk.sh
-. "$top/bench/lib/wrk.sh"
+bench_workdir floor
 
 bytes() { case $1 in *k) echo $((${1%k} * 1024)) ;; *m) echo $((${1%m} * 1048576)) ;; *) echo "$1" ;; esac; }
 wait_port() { for _ in $(seq 50); do curl -sf -o /dev/null "http://127.0.0.1:$1/$2" && return; sleep 0.1; done; echo "nothing answers on port $1" >&2; exit 1; }

@@ -1,6 +1,10 @@
 # Shared by the benchmarks that drive servers on loopback with wrk (bench/node-vs-nginx/run.sh,
-# bench/floor/run.sh): sourced after `work` (a scratch directory) is set.
+# bench/floor/run.sh): sourced after `top` (the repository) is set.
 #
+#   bench_tools CMD...           install what is missing of nginx, wrk, curl, python3 (as root)
+#   bench_workdir NAME           make `work` (/tmp/sy-NAME-XXXXXX); every pid added to `pids` is
+#                                killed, and `work` removed, on exit
+#   switchyard_bin               set `bin` to SWITCHYARD_BIN, or build the release binary
 #   ticks PID...                 CPU clock ticks (utime + stime) of the processes
 #   to_us                        a wrk latency (850.00us, 1.20ms, 2s) on stdin, in µs
 #   median                       the median of the numbers on stdin, one per line
@@ -12,6 +16,36 @@
 #   nginx_conf ROOT PORT         an nginx.conf in $work serving ROOT on 127.0.0.1:PORT, tuned as
 #                                its users tune it for static files (workers = cores, sendfile,
 #                                tcp_nopush, open_file_cache, no access log)
+
+bench_tools() {
+    local missing=() cmd
+    for cmd in "$@"; do command -v "$cmd" >/dev/null || missing+=("$cmd"); done
+    [ ${#missing[@]} -eq 0 ] && return
+    [ "$(id -u)" -eq 0 ] || { echo "need ${missing[*]} (apt-get install ${missing[*]})" >&2; exit 1; }
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]/#nginx/nginx-light}" || \
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+}
+
+bench_workdir() {
+    work=$(mktemp -d "/tmp/sy-$1-XXXXXX")
+    pids=()
+    trap bench_cleanup EXIT
+}
+
+bench_cleanup() {
+    local p
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$work"
+}
+
+switchyard_bin() {
+    if [ -z "${SWITCHYARD_BIN:-}" ]; then
+        (cd "$top" && cargo build --release --locked -q -p switchyard --bin switchyard)
+    fi
+    bin="${SWITCHYARD_BIN:-${CARGO_TARGET_DIR:-$top/target}/release/switchyard}"
+}
 
 ticks() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo $t; }
 to_us() { awk '{v=$1; if (v ~ /us$/) {sub(/us/,"",v); print v} else if (v ~ /ms$/) {sub(/ms/,"",v); print v*1000} else if (v ~ /s$/) {sub(/s/,"",v); print v*1000000} else print v}'; }

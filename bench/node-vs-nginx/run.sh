@@ -27,28 +27,12 @@ NGINX_PORT=18080
 NODE_PORT=18081
 ulimit -n "$(ulimit -Hn)"  # the idle test needs IDLE + a few descriptors per process
 
-for cmd in nginx wrk python3; do
-    if ! command -v "$cmd" >/dev/null; then
-        [ "$(id -u)" -eq 0 ] || { echo "need $cmd (apt-get install nginx wrk python3)" >&2; exit 1; }
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light wrk python3 || \
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx wrk python3
-    fi
-done
-# SWITCHYARD_BIN names a prebuilt binary; otherwise build the release binary.
-if [ -z "${SWITCHYARD_BIN:-}" ]; then
-    (cd "$top" && cargo build --release --locked -q -p switchyard)
-fi
-bin="${SWITCHYARD_BIN:-${CARGO_TARGET_DIR:-$top/target}/release/switchyard}"
-
-work=$(mktemp -d /tmp/sy-bench-XXXXXX)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
+# shellcheck source=../lib/wrk.sh
+. "$top/bench/lib/wrk.sh"
+bench_tools nginx wrk curl python3
+# SWITCHYARD_BIN names a prebuilt binary; otherwise the release binary is built.
+switchyard_bin
+bench_workdir bench
 
 root="$work/root"; mkdir -p "$root"
 chmod 755 "$work" "$root"  # nginx workers run unprivileged
@@ -57,8 +41,6 @@ head -c 16384 /dev/urandom > "$root/16k"
 head -c 102400 /dev/urandom > "$root/100k"
 head -c 1048576 /dev/urandom > "$root/1m"
 
-# shellcheck source=../lib/wrk.sh
-. "$top/bench/lib/wrk.sh"
 ports_free $NGINX_PORT $NODE_PORT
 nginx_conf "$root" $NGINX_PORT
 nginx -c "$work/nginx.conf" -e "$work/nginx-error.log" &

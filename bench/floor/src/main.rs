@@ -275,8 +275,17 @@ impl Table {
 
 const LISTENER: u64 = u64::MAX;
 
-fn run_epoll(l: RawFd, resp: &'static Responses) -> io::Result<()> {
-    // SAFETY: system calls on descriptors this thread owns, with buffers it owns.
+/// What [`epoll_loop`] hands on.
+enum Event {
+    /// A connection just accepted, non-blocking.
+    Accepted(RawFd),
+    /// An event on a registered descriptor, by its token.
+    Ready(u64),
+}
+
+/// A new epoll descriptor with the listener `l` registered.
+fn epoll_with(l: RawFd) -> io::Result<RawFd> {
+    // SAFETY: system calls on descriptors this thread owns.
     unsafe {
         let ep = check(libc::epoll_create1(libc::EPOLL_CLOEXEC), "epoll_create1")?;
         let mut ev = libc::epoll_event {
@@ -287,37 +296,60 @@ fn run_epoll(l: RawFd, resp: &'static Responses) -> io::Result<()> {
             libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, l, &mut ev),
             "epoll_ctl",
         )?;
-        let mut conns = Table(Vec::new());
-        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
-        loop {
-            let n = libc::epoll_wait(ep, events.as_mut_ptr(), events.len() as i32, -1);
-            if n < 0 {
-                if errno() == libc::EINTR {
-                    continue;
-                }
-                return Err(io::Error::last_os_error());
+        Ok(ep)
+    }
+}
+
+/// One thread's loop on `ep` ([`epoll_with`]): every connection ready on `l` is accepted and
+/// handed to `f`, as is every other event.
+fn epoll_loop(ep: RawFd, l: RawFd, mut f: impl FnMut(Event)) -> io::Result<()> {
+    let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
+    loop {
+        // SAFETY: a buffer of `events.len()` events.
+        let n = unsafe { libc::epoll_wait(ep, events.as_mut_ptr(), events.len() as i32, -1) };
+        if n < 0 {
+            if errno() == libc::EINTR {
+                continue;
             }
-            for ev in &events[..n as usize] {
-                if ev.u64 == LISTENER {
-                    loop {
-                        let fd = libc::accept4(
-                            l,
-                            std::ptr::null_mut(),
-                            std::ptr::null_mut(),
-                            libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                        );
-                        if fd < 0 {
-                            break; // EAGAIN, or out of descriptors: the next event retries
-                        }
-                        conns.put(fd);
-                        drive(ep, fd, &mut conns, resp, true);
-                    }
-                } else {
-                    drive(ep, ev.u64 as RawFd, &mut conns, resp, true);
+            return Err(io::Error::last_os_error());
+        }
+        for ev in &events[..n as usize] {
+            if ev.u64 != LISTENER {
+                f(Event::Ready(ev.u64));
+                continue;
+            }
+            loop {
+                // SAFETY: no address wanted back.
+                let fd = unsafe {
+                    libc::accept4(
+                        l,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                        libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                    )
+                };
+                if fd < 0 {
+                    break; // EAGAIN, or out of descriptors: the next event retries
                 }
+                f(Event::Accepted(fd));
             }
         }
     }
+}
+
+fn run_epoll(l: RawFd, resp: &'static Responses) -> io::Result<()> {
+    let ep = epoll_with(l)?;
+    let mut conns = Table(Vec::new());
+    // SAFETY: `drive` gets this thread's epoll descriptor and connections in `conns`.
+    epoll_loop(ep, l, |e| unsafe {
+        match e {
+            Event::Accepted(fd) => {
+                conns.put(fd);
+                drive(ep, fd, &mut conns, resp, true);
+            }
+            Event::Ready(tok) => drive(ep, tok as RawFd, &mut conns, resp, true),
+        }
+    })
 }
 
 /// Advance one connection as far as it goes without waiting.

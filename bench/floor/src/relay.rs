@@ -20,9 +20,8 @@ use std::io;
 use std::net::SocketAddrV4;
 use std::os::fd::RawFd;
 
-use crate::{check, errno, request, HEAD_MAX};
+use crate::{check, epoll_loop, epoll_with, errno, request, Event, HEAD_MAX};
 
-const LISTENER: u64 = u64::MAX;
 /// Set in the token of an upstream socket's events.
 const UPSTREAM: u64 = 1 << 32;
 const BUF: usize = 64 * 1024;
@@ -65,56 +64,33 @@ struct Relay {
 }
 
 pub fn run(l: RawFd, upstreams: Vec<SocketAddrV4>) -> io::Result<()> {
-    // SAFETY: system calls on descriptors this thread owns, with buffers it owns.
-    unsafe {
-        let ep = check(libc::epoll_create1(libc::EPOLL_CLOEXEC), "epoll_create1")?;
-        ctl(ep, libc::EPOLL_CTL_ADD, l, libc::EPOLLIN as u32, LISTENER)?;
-        let mut r = Relay {
-            ep,
-            upstreams,
-            next: 0,
-            pool: Vec::new(),
-            clients: Vec::new(),
-            owner: Vec::new(),
-        };
-        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
-        loop {
-            let n = libc::epoll_wait(ep, events.as_mut_ptr(), events.len() as i32, -1);
-            if n < 0 {
-                if errno() == libc::EINTR {
-                    continue;
-                }
-                return Err(io::Error::last_os_error());
+    let ep = epoll_with(l)?;
+    let mut r = Relay {
+        ep,
+        upstreams,
+        next: 0,
+        pool: Vec::new(),
+        clients: Vec::new(),
+        owner: Vec::new(),
+    };
+    // SAFETY: the relay's calls get descriptors it owns.
+    epoll_loop(ep, l, |e| unsafe {
+        match e {
+            Event::Accepted(fd) => {
+                r.add_client(fd);
+                r.drive(fd, true);
             }
-            for ev in &events[..n as usize] {
-                let tok = ev.u64;
-                if tok == LISTENER {
-                    loop {
-                        let fd = libc::accept4(
-                            l,
-                            std::ptr::null_mut(),
-                            std::ptr::null_mut(),
-                            libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                        );
-                        if fd < 0 {
-                            break;
-                        }
-                        r.add_client(fd);
-                        r.drive(fd, true);
-                    }
-                } else if tok & UPSTREAM != 0 {
-                    let up = (tok & !UPSTREAM) as RawFd;
-                    match r.owner.get(up as usize).copied() {
-                        Some(c) if c >= 0 => r.drive(c, false),
-                        // An idle upstream connection that speaks has closed (or broken).
-                        _ => r.drop_idle(up),
-                    }
-                } else {
-                    r.drive(tok as RawFd, true);
+            Event::Ready(tok) if tok & UPSTREAM != 0 => {
+                let up = (tok & !UPSTREAM) as RawFd;
+                match r.owner.get(up as usize).copied() {
+                    Some(c) if c >= 0 => r.drive(c, false),
+                    // An idle upstream connection that speaks has closed (or broken).
+                    _ => r.drop_idle(up),
                 }
             }
+            Event::Ready(tok) => r.drive(tok as RawFd, true),
         }
-    }
+    })
 }
 
 unsafe fn ctl(ep: RawFd, op: libc::c_int, fd: RawFd, events: u32, tok: u64) -> io::Result<()> {
