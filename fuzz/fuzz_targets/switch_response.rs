@@ -52,7 +52,7 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(CopyOffer::from_head(again.as_bytes()), Some(offer));
             }
             let mut out = Vec::new();
-            client_response_head(&data[..m.head_len], m.keep_alive, false, &mut out);
+            client_response_head(&data[..m.head_len], &m, m.keep_alive, false, &mut out);
             assert!(!from_cache(&out));
             assert!(CopyOffer::from_head(&out).is_none());
             let again = match parse(&out, head_request, usize::MAX) {

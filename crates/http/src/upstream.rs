@@ -60,6 +60,11 @@ pub struct ResponseMeta {
     pub body: BodyLength,
     /// Whether the node keeps the connection open after this response.
     pub keep_alive: bool,
+    /// What its [`CACHE_HEADER`] says (see [`cache_status`]), read in the same pass.
+    pub cache: Option<bool>,
+    /// Whether a `Connection` header lists options other than `close` and `keep-alive`
+    /// (headers that [`client_response_head`] must then drop too).
+    pub connection_options: bool,
 }
 
 impl ResponseMeta {
@@ -123,6 +128,8 @@ pub fn parse(
     let mut te_chunked_last = false;
     let mut close = false;
     let mut keep = false;
+    let mut cache = None;
+    let mut options = false;
     for h in r.headers.iter() {
         let v = trim(h.value);
         if h.name.eq_ignore_ascii_case("content-length") {
@@ -152,8 +159,12 @@ pub fn parse(
                     close = true;
                 } else if t.eq_ignore_ascii_case(b"keep-alive") {
                     keep = true;
+                } else if !t.is_empty() {
+                    options = true;
                 }
             }
+        } else if cache.is_none() && h.name.eq_ignore_ascii_case(CACHE_HEADER) {
+            cache = Some(v.eq_ignore_ascii_case(b"hit"));
         }
     }
     if te && length.is_some() {
@@ -186,6 +197,8 @@ pub fn parse(
         head_len,
         body,
         keep_alive,
+        cache,
+        connection_options: options,
     }))
 }
 
@@ -481,11 +494,23 @@ pub fn forwarded_head_fits(head: &[u8], limits: &crate::request::Limits) -> bool
 /// Write the response head to send to the client into `out`: the node's status line and
 /// end-to-end headers, then the switch's own connection header: `Connection: close` when the
 /// client connection ends after this response, `Connection: keep-alive` for an HTTP/1.0 client
-/// that keeps it. `head` must be a head accepted by [`parse`].
-pub fn client_response_head(head: &[u8], keep_alive: bool, http10: bool, out: &mut Vec<u8>) {
+/// that keeps it. `head` must be a head accepted by [`parse`], which gave `meta`: its scan of
+/// the head tells whether a `Connection` header lists options, so that the common head (none)
+/// is not scanned for them a second time.
+pub fn client_response_head(
+    head: &[u8],
+    meta: &ResponseMeta,
+    keep_alive: bool,
+    http10: bool,
+    out: &mut Vec<u8>,
+) {
     // One allocation for the head (at most a `Connection` line is added).
     out.reserve(head.len() + 32);
-    let options = connection_options(head);
+    let options = if meta.connection_options {
+        connection_options(head)
+    } else {
+        Vec::new()
+    };
     let mut it = lines(head);
     if let Some(first) = it.next() {
         out.extend_from_slice(first);
@@ -516,6 +541,10 @@ mod tests {
 
     fn meta(s: &str) -> ResponseMeta {
         p(s).unwrap().unwrap()
+    }
+
+    fn meta_of(head: &[u8]) -> ResponseMeta {
+        parse(head, false, 16 * 1024).unwrap().unwrap()
     }
 
     #[test]
@@ -654,6 +683,29 @@ mod tests {
         assert!(forwarded_head_fits(&out, &limits));
     }
 
+    /// The parse's own pass reads the cache header and whether `Connection` lists options as
+    /// the separate scans of the head do, which `client_response_head` and the switch skip.
+    #[test]
+    fn the_parse_reads_cache_and_connection_options() {
+        for (head, cache, options) in [
+            ("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", None, false),
+            ("HTTP/1.1 200 OK\r\nX-Switchyard-Cache: hit\r\nContent-Length: 0\r\n\r\n", Some(true), false),
+            ("HTTP/1.1 200 OK\r\nx-switchyard-cache: MISS\r\nX-Switchyard-Cache: hit\r\n\r\n", Some(false), false),
+            ("HTTP/1.1 200 OK\r\nConnection: keep-alive, close\r\nContent-Length: 0\r\n\r\n", None, false),
+            ("HTTP/1.1 200 OK\r\nConnection: keep-alive, X-A\r\nX-A: 1\r\nContent-Length: 0\r\n\r\n", None, true),
+            ("HTTP/1.1 200 OK\r\nConnection: ,\r\nContent-Length: 0\r\n\r\n", None, false),
+        ] {
+            let m = meta(head);
+            assert_eq!((m.cache, m.connection_options), (cache, options), "{head:?}");
+            assert_eq!(m.cache, cache_status(head.as_bytes()));
+            assert_eq!(options, !connection_options(head.as_bytes()).is_empty());
+        }
+        let head = b"HTTP/1.1 200 OK\r\nConnection: X-A\r\nX-A: 1\r\nContent-Length: 0\r\n\r\n";
+        let mut out = Vec::new();
+        client_response_head(head, &meta_of(head), true, false, &mut out);
+        assert_eq!(out, b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+    }
+
     #[test]
     fn connection_options_never_remove_framing_or_host() {
         let head = b"POST /a HTTP/1.1\r\nHost: x\r\nConnection: Content-Length, Host, Transfer-Encoding, X-A\r\nX-A: 1\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n";
@@ -665,7 +717,7 @@ mod tests {
         );
         let head = b"HTTP/1.1 200 OK\r\nConnection: content-length\r\nContent-Length: 3\r\n\r\n";
         let mut out = Vec::new();
-        client_response_head(head, true, false, &mut out);
+        client_response_head(head, &meta_of(head), true, false, &mut out);
         assert_eq!(out, b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n");
     }
 
@@ -673,13 +725,13 @@ mod tests {
     fn response_head_rewrite() {
         let head = b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nContent-Length: 3\r\nKeep-Alive: timeout=5\r\n\r\n";
         let mut out = Vec::new();
-        client_response_head(head, false, false, &mut out);
+        client_response_head(head, &meta_of(head), false, false, &mut out);
         assert_eq!(
             out,
             b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\n"
         );
         let mut out = Vec::new();
-        client_response_head(head, true, true, &mut out);
+        client_response_head(head, &meta_of(head), true, true, &mut out);
         assert_eq!(
             out,
             b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: keep-alive\r\n\r\n"
@@ -691,8 +743,11 @@ mod tests {
         fn never_panics_and_head_len_is_inside(data in proptest::collection::vec(proptest::num::u8::ANY, 0..512), head in proptest::bool::ANY) {
             if let Ok(Some(m)) = parse(&data, head, 1024) {
                 proptest::prop_assert!(m.head_len <= data.len());
+                let h = &data[..m.head_len];
+                proptest::prop_assert_eq!(m.cache, cache_status(h));
+                proptest::prop_assert_eq!(m.connection_options, !connection_options(h).is_empty());
                 let mut out = Vec::new();
-                client_response_head(&data[..m.head_len], m.keep_alive, false, &mut out);
+                client_response_head(&data[..m.head_len], &m, m.keep_alive, false, &mut out);
                 proptest::prop_assert!(out.ends_with(b"\r\n\r\n"));
             }
         }
@@ -722,7 +777,7 @@ mod tests {
         ));
         assert!(!from_cache(b"HTTP/1.1 200 OK\r\nX-Other: hit\r\n\r\n"));
         let mut client = Vec::new();
-        client_response_head(head, true, false, &mut client);
+        client_response_head(head, &meta_of(head), true, false, &mut client);
         assert_eq!(client, b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
     }
 
@@ -760,7 +815,13 @@ mod tests {
         );
         assert_eq!(CopyOffer::from_head(head.as_bytes()), Some(offer));
         let mut client = Vec::new();
-        client_response_head(head.as_bytes(), true, false, &mut client);
+        client_response_head(
+            head.as_bytes(),
+            &meta_of(head.as_bytes()),
+            true,
+            false,
+            &mut client,
+        );
         assert!(CopyOffer::from_head(&client).is_none());
         assert!(!String::from_utf8(client).unwrap().contains("copies="));
     }

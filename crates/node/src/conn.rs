@@ -745,7 +745,13 @@ impl<R: Router> Conn<'_, R> {
                 }
             }
             self.out.reserve(1024 + body.len());
-            switchyard_http::upstream::client_response_head(&r.head, keep, http10, &mut self.out);
+            switchyard_http::upstream::client_response_head(
+                &r.head,
+                &r.meta,
+                keep,
+                http10,
+                &mut self.out,
+            );
             self.out.extend_from_slice(&body);
             return self
                 .forwarded(head, &r.head, meta.status, started, before, keep, true)
@@ -754,7 +760,13 @@ impl<R: Router> Conn<'_, R> {
         let out_mark = self.out.len();
         let written_mark = self.stats.bytes;
         self.out.reserve(1024);
-        switchyard_http::upstream::client_response_head(&r.head, keep, http10, &mut self.out);
+        switchyard_http::upstream::client_response_head(
+            &r.head,
+            &r.meta,
+            keep,
+            http10,
+            &mut self.out,
+        );
         let opts = switchyard_upstream::RelayOptions {
             deadline: switchyard_upstream::Deadline::At(until),
             flush_at: FLUSH_AT,

@@ -695,12 +695,12 @@ impl Client {
         }
         // A drain that started while the node worked closes the connection after this response.
         let client_keep = keep && meta.body != BodyLength::UntilClose && !self.stopping();
-        let from_cache = resp::cache_status(&r.head);
+        let from_cache = meta.cache;
         self.out.clear();
         // Head and the body bytes already read go out together: room for both at once.
         self.out
             .reserve(r.head.len() + 32 + node.buffered().len().min(FLUSH_AT));
-        resp::client_response_head(&r.head, client_keep, http10, &mut self.out);
+        resp::client_response_head(&r.head, &meta, client_keep, http10, &mut self.out);
         let head_bytes = self.out.len() as u64;
         let opts = upstream::RelayOptions {
             deadline: Deadline::Each(t.node),

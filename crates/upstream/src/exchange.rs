@@ -122,6 +122,7 @@ async fn final_head(
                         out.clear();
                         upstream::client_response_head(
                             &conn.buf[..meta.head_len],
+                            &meta,
                             true,
                             false,
                             &mut out,

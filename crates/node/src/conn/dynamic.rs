@@ -199,7 +199,7 @@ impl<R: Router> Conn<'_, R> {
         let out_mark = self.out.len();
         let written_mark = self.stats.bytes;
         self.out.reserve(1024);
-        client_response_head(&r.head, keep, http10, &mut self.out);
+        client_response_head(&r.head, &meta, keep, http10, &mut self.out);
         let opts = upstream::RelayOptions {
             deadline: Deadline::Each(app.timeout),
             flush_at: FLUSH_AT,
