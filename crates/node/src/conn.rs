@@ -48,6 +48,7 @@ use switchyard_http::path;
 use switchyard_http::range::{evaluate, RangeDecision};
 use switchyard_http::request::{BodyFraming, Limits, Method, RequestHead, Version};
 use switchyard_http::response::{DateCache, ResponseHead};
+use switchyard_http::upstream::client_response_head;
 use switchyard_runtime::ClientSocket;
 use switchyard_upstream::splice::{send_to_client, send_to_client_or_wait};
 
@@ -745,13 +746,7 @@ impl<R: Router> Conn<'_, R> {
                 }
             }
             self.out.reserve(1024 + body.len());
-            switchyard_http::upstream::client_response_head(
-                &r.head,
-                &r.meta,
-                keep,
-                http10,
-                &mut self.out,
-            );
+            client_response_head(&r.head, &meta, keep, http10, &mut self.out);
             self.out.extend_from_slice(&body);
             return self
                 .forwarded(head, &r.head, meta.status, started, before, keep, true)
@@ -760,13 +755,7 @@ impl<R: Router> Conn<'_, R> {
         let out_mark = self.out.len();
         let written_mark = self.stats.bytes;
         self.out.reserve(1024);
-        switchyard_http::upstream::client_response_head(
-            &r.head,
-            &r.meta,
-            keep,
-            http10,
-            &mut self.out,
-        );
+        client_response_head(&r.head, &meta, keep, http10, &mut self.out);
         let opts = switchyard_upstream::RelayOptions {
             deadline: switchyard_upstream::Deadline::At(until),
             flush_at: FLUSH_AT,
