@@ -1383,6 +1383,8 @@ impl<R: Router> Conn<'_, R> {
     /// reset caused by unread data (a "lingering close"). A steered connection
     /// ([`Router::steered`]) waits for the client's close up to the send timeout.
     async fn linger(&mut self) {
+        // It waits on its client now (a closing connection's answer may have left unlisted).
+        self.listed = Some(self.ctx.waiting.enter(self.stream.raw_fd()));
         let until = tokio::time::Instant::now()
             + if self.steered() {
                 self.ctx.send_timeout
@@ -1497,8 +1499,9 @@ mod tests {
 
     /// A request answered in full at once and closed never waits on its client, so it is never
     /// listed among the connections that do (a cross-thread lock and a tree insert and removal
-    /// each, twice per request); one whose last response must wait for its client to read is
-    /// listed while it waits, and so can still be shed.
+    /// each, twice per request); one that lingers for its client to close, or whose last
+    /// response must wait for its client to read, is listed while it waits, and so can still be
+    /// shed.
     #[tokio::test]
     async fn a_closing_connection_is_listed_only_if_its_answer_waits() {
         use tokio::io::AsyncReadExt;
@@ -1529,6 +1532,27 @@ mod tests {
             .is_ok();
         assert!(!listed, "a connection that never waited was listed");
 
+        // Bytes behind the last request: it lingers for its client to close, listed.
+        let entered = ctx.waiting.entered();
+        tokio::pin!(entered);
+        entered.as_mut().enable();
+        let (server, client) =
+            bare_with_request(b"GET /a.txt HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\nmore")
+                .await;
+        let task = {
+            let (ctx, rx) = (ctx.clone(), rx.clone());
+            tokio::spawn(async move {
+                super::serve_parking(&ctx, server, rx, start(), Duration::from_secs(60)).await
+            })
+        };
+        tokio::time::timeout(Duration::from_secs(10), entered)
+            .await
+            .expect("the lingering connection was never listed");
+        assert_eq!(ctx.waiting.len(), 1, "the lingering connection is listed");
+        drop(client);
+        assert!(matches!(task.await.unwrap(), super::Served::Closed(_)));
+        assert!(ctx.waiting.is_empty());
+
         let entered = ctx.waiting.entered();
         tokio::pin!(entered);
         entered.as_mut().enable();
@@ -1540,7 +1564,9 @@ mod tests {
                 super::serve_parking(&ctx, server, rx, start(), Duration::from_secs(60)).await
             })
         };
-        entered.await;
+        tokio::time::timeout(Duration::from_secs(10), entered)
+            .await
+            .expect("the waiting answer was never listed");
         assert_eq!(ctx.waiting.len(), 1, "the waiting answer is listed");
         let mut all = Vec::new();
         client.read_to_end(&mut all).await.unwrap();
