@@ -245,16 +245,23 @@ impl Relay {
                 }
                 Stage::Response { head, left } => {
                     // Pass on what is read and may go (all of it once the head is whole).
-                    if c.head_sent < c.head_out.len() {
+                    let pending = if c.head_sent < c.head_out.len() {
                         let more = if c.sent < c.resp_len || left > 0 {
                             libc::MSG_MORE
                         } else {
                             0
                         };
+                        Some((&c.head_out[c.head_sent..], more, true))
+                    } else if !head && c.sent < c.resp_len {
+                        Some((&c.resp[c.sent..c.resp_len], 0, false))
+                    } else {
+                        None
+                    };
+                    if let Some((bytes, more, of_head)) = pending {
                         let n = libc::send(
                             cfd,
-                            c.head_out[c.head_sent..].as_ptr().cast(),
-                            c.head_out.len() - c.head_sent,
+                            bytes.as_ptr().cast(),
+                            bytes.len(),
                             libc::MSG_NOSIGNAL | more,
                         );
                         if n < 0 && errno() == libc::EAGAIN {
@@ -263,23 +270,11 @@ impl Relay {
                         if n <= 0 {
                             return Next::Close;
                         }
-                        c.head_sent += n as usize;
-                        continue;
-                    }
-                    if !head && c.sent < c.resp_len {
-                        let n = libc::send(
-                            cfd,
-                            c.resp[c.sent..c.resp_len].as_ptr().cast(),
-                            c.resp_len - c.sent,
-                            libc::MSG_NOSIGNAL,
-                        );
-                        if n < 0 && errno() == libc::EAGAIN {
-                            return self.want(cfd, c, libc::EPOLLOUT as u32);
+                        if of_head {
+                            c.head_sent += n as usize;
+                        } else {
+                            c.sent += n as usize;
                         }
-                        if n <= 0 {
-                            return Next::Close;
-                        }
-                        c.sent += n as usize;
                         continue;
                     }
                     if !head && left == 0 {
