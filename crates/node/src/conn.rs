@@ -67,6 +67,9 @@ pub(crate) use dynamic::Dynamic;
 
 /// Buffered responses are flushed once this much is pending.
 const FLUSH_AT: usize = 64 * 1024;
+/// Cached bodies from this size on are sent gathered behind their head, not copied into the
+/// output buffer (`write_out_with`).
+const GATHER_MIN: usize = 4 * 1024;
 
 /// Shared by every connection of a node.
 #[derive(Debug)]
@@ -876,6 +879,14 @@ impl<R: Router> Conn<'_, R> {
         let metered = matches!(body, Body::Redirected);
         match body {
             Body::Empty | Body::Redirected => {}
+            // A large cached body leaves with the head in one gathered send rather than being
+            // copied behind it; a small one is cheaper copied, and so batched with the answers
+            // to any requests pipelined behind it.
+            Body::Bytes(b) if b.len() >= GATHER_MIN => {
+                if self.write_out_with(&b, false).await.is_err() {
+                    return Some(End::Broken);
+                }
+            }
             Body::Bytes(b) => self.out.extend_from_slice(&b),
             Body::File { src, offset, len } => {
                 let Some(file) = src.file() else {
@@ -1256,13 +1267,19 @@ impl<R: Router> Conn<'_, R> {
     /// on its client only if the write itself must wait, and is listed only then. Nothing to
     /// write lists nothing.
     async fn write_out(&mut self, more: bool) -> io::Result<()> {
+        self.write_out_with(&[], more).await
+    }
+
+    /// [`Self::write_out`], with `body` sent behind `out` in the same system call.
+    async fn write_out_with(&mut self, body: &[u8], more: bool) -> io::Result<()> {
         let (waiting, listed, fd) = (&self.ctx.waiting, &mut self.listed, self.stream.raw_fd());
-        let lazy = self.closing || self.out.is_empty();
+        let lazy = self.closing || (self.out.is_empty() && body.is_empty());
         if !lazy {
             *listed = Some(waiting.enter(fd));
         }
         let until = tokio::time::Instant::now() + self.ctx.send_timeout;
-        let (done, sent) = send_to_client_or_wait(&mut self.stream, &self.out, more, until, || {
+        let parts = [&self.out[..], body];
+        let (done, sent) = send_to_client_or_wait(&mut self.stream, &parts, more, until, || {
             if lazy {
                 *listed = Some(waiting.enter(fd));
             }

@@ -13,6 +13,7 @@ fn site(root: &Path) {
     write(root, "docs/guide.html", b"guide\n");
     write(root, "data/1k.bin", &pattern(1024, 1));
     write(root, "data/100k.bin", &pattern(100 * 1024, 2));
+    write(root, "data/16k.bin", &pattern(16 * 1024, 4));
     write(root, "style.css", b"body{}\n");
     write(root, "img.png", &pattern(64, 3));
     std::fs::create_dir_all(root.join("emptydir")).unwrap();
@@ -174,10 +175,14 @@ fn keep_alive_and_http10() {
 fn pipelined_requests_are_answered_in_order() {
     let n = node();
     let mut c = n.client();
+    // 16 KiB bodies are kept in memory and sent gathered behind their head, not batched:
+    // between batched answers they must still come in order.
     let paths = [
         "/a.txt",
         "/data/1k.bin",
+        "/data/16k.bin",
         "/missing",
+        "/data/16k.bin",
         "/docs/guide.html",
         "/data/100k.bin",
         "/a.txt",
@@ -188,17 +193,21 @@ fn pipelined_requests_are_answered_in_order() {
     }
     // A HEAD in the middle must not carry a body.
     batch.extend_from_slice(b"HEAD /data/1k.bin HTTP/1.1\r\nHost: t\r\n\r\n");
-    batch.extend_from_slice(b"GET /style.css HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+    batch.extend_from_slice(b"GET /style.css HTTP/1.1\r\nHost: t\r\n\r\n");
+    batch.extend_from_slice(b"GET /data/16k.bin HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
     c.send(&batch);
     assert_eq!(c.response(false).body, b"hello, world\n");
     assert_eq!(c.response(false).body, pattern(1024, 1));
+    assert_eq!(c.response(false).body, pattern(16 * 1024, 4));
     assert_eq!(c.response(false).status, 404);
+    assert_eq!(c.response(false).body, pattern(16 * 1024, 4));
     assert_eq!(c.response(false).body, b"guide\n");
     assert_eq!(c.response(false).body, pattern(100 * 1024, 2));
     assert_eq!(c.response(false).body, b"hello, world\n");
     let h = c.response(true);
     assert_eq!(h.header("content-length"), Some("1024"));
     assert_eq!(c.response(false).body, b"body{}\n");
+    assert_eq!(c.response(false).body, pattern(16 * 1024, 4));
     assert!(c.is_closed());
 }
 
@@ -282,6 +291,12 @@ fn range_requests() {
     let etag = r.header("etag").unwrap().to_owned();
     let r = c.raw(format!("GET /data/100k.bin HTTP/1.1\r\nHost: t\r\nRange: bytes=0-0\r\nIf-Range: {etag}\r\n\r\n").as_bytes());
     assert_eq!((r.status, r.body.as_slice()), (206, &full[..1]));
+    // A range of a body kept in memory, large enough to be sent gathered behind its head.
+    let small = pattern(16 * 1024, 4);
+    for _ in 0..2 {
+        let r = c.raw(b"GET /data/16k.bin HTTP/1.1\r\nHost: t\r\nRange: bytes=100-8291\r\n\r\n");
+        assert_eq!((r.status, r.body.as_slice()), (206, &small[100..8292]));
+    }
 }
 
 #[test]

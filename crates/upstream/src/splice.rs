@@ -13,7 +13,7 @@
 //! still to come after the first read from the node (see [`crate::Direct`]); smaller remainders
 //! are one `read` and one `write` either way and stay with the copy loop.
 
-use std::io;
+use std::io::{self, IoSlice};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::Duration;
 
@@ -180,16 +180,22 @@ pub async fn copy(
     }
 }
 
-/// `send(2)` of `data` on `to` with `MSG_NOSIGNAL` (a closed peer is an error, not a signal),
-/// plus `MSG_MORE` with `more`.
-fn send_flags(to: BorrowedFd<'_>, data: &[u8], more: bool) -> io::Result<usize> {
-    use nix::sys::socket::{send, MsgFlags};
+/// Send `parts`, in order, on `to` with `MSG_NOSIGNAL` (a closed peer is an error, not a
+/// signal), plus `MSG_MORE` with `more`: `send(2)` for one part, `sendmsg(2)` gathering them
+/// for several, so a response head and a body kept elsewhere leave in one call with no copy
+/// joining them.
+fn send_flags(to: BorrowedFd<'_>, parts: &[IoSlice<'_>], more: bool) -> io::Result<usize> {
+    use nix::sys::socket::{send, sendmsg, MsgFlags};
     let mut flags = MsgFlags::MSG_NOSIGNAL;
     if more {
         // nix names no MSG_MORE; the bit is libc's.
         flags |= MsgFlags::from_bits_retain(libc::MSG_MORE);
     }
-    send(to.as_raw_fd(), data, flags).map_err(io::Error::from)
+    match parts {
+        [one] => send(to.as_raw_fd(), one, flags),
+        _ => sendmsg::<()>(to.as_raw_fd(), parts, &[], flags, None),
+    }
+    .map_err(io::Error::from)
 }
 
 /// Write all of `data` to `to`, waiting at most `limit` in all for it to take the bytes. The
@@ -207,29 +213,34 @@ pub async fn send_to_client(
     more: bool,
     until: Instant,
 ) -> (usize, io::Result<()>) {
-    send_to_client_or_wait(to, data, more, until, || {}).await
+    send_to_client_or_wait(to, &[data], more, until, || {}).await
 }
 
-/// [`send_to_client`], calling `waits` once before the send may wait for its client: a bare
-/// socket whose send finishes at once never calls it, a registered one always does (its
-/// writes are tried and waited for in one loop, [`send_all`]).
+/// [`send_to_client`] of `parts` gathered in order (a head and a body kept apart leave in one
+/// system call), calling `waits` once before the send may wait for its client: a bare socket
+/// whose send finishes at once never calls it, a registered one always does (its writes are
+/// tried and waited for in one loop, [`send_all`]). Returns the bytes sent, of all parts.
 pub async fn send_to_client_or_wait(
     to: &mut ClientSocket,
-    data: &[u8],
+    parts: &[&[u8]],
     more: bool,
     until: Instant,
     waits: impl FnOnce(),
 ) -> (usize, io::Result<()>) {
-    if data.is_empty() {
+    let mut slices = Slices::new(parts);
+    if slices.is_empty() {
         // (No system call, and no registration, for nothing.)
         return (0, Ok(()));
     }
-    let mut done = 0;
     let bare = !to.is_registered();
     if bare {
-        match to.now(Interest::WRITABLE, |fd| send_flags(fd, data, more)) {
-            Ok(n) if n == data.len() => return (n, Ok(())),
-            Ok(n) => done = n,
+        match to.now(Interest::WRITABLE, |fd| send_flags(fd, slices.get(), more)) {
+            Ok(n) => {
+                slices.advance(n);
+                if slices.is_empty() {
+                    return (slices.done, Ok(()));
+                }
+            }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => return (0, Err(e)),
         }
@@ -237,18 +248,18 @@ pub async fn send_to_client_or_wait(
     waits();
     let to = match to.registered() {
         Ok(s) => &*s,
-        Err(e) => return (done, Err(e)),
+        Err(e) => return (slices.done, Err(e)),
     };
     if bare {
         // The send buffer is full: wait for room rather than try a send that would fail.
         match timeout_at(until, to.writable()).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => return (done, Err(e)),
-            Err(_) => return (done, Err(timed_out())),
+            Ok(Err(e)) => return (slices.done, Err(e)),
+            Err(_) => return (slices.done, Err(timed_out())),
         }
     }
-    let (more_done, r) = send_all(to, &data[done..], more, until).await;
-    (done + more_done, r)
+    let r = send_slices(to, &mut slices, more, until).await;
+    (slices.done, r)
 }
 
 /// Send all of `data` on `to` (with `MSG_MORE` when `more`), each write tried at once
@@ -260,22 +271,78 @@ pub async fn send_all(
     more: bool,
     until: Instant,
 ) -> (usize, io::Result<()>) {
-    let mut done = 0;
-    while done < data.len() {
-        match write_now(to, || send_flags(to.as_fd(), &data[done..], more)) {
-            Ok(0) => return (done, Err(io::ErrorKind::WriteZero.into())),
-            Ok(n) => done += n,
+    let mut slices = Slices::new(&[data]);
+    let r = send_slices(to, &mut slices, more, until).await;
+    (slices.done, r)
+}
+
+async fn send_slices(
+    to: &TcpStream,
+    slices: &mut Slices<'_>,
+    more: bool,
+    until: Instant,
+) -> io::Result<()> {
+    while !slices.is_empty() {
+        match write_now(to, || send_flags(to.as_fd(), slices.get(), more)) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => slices.advance(n),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 match timeout_at(until, to.writable()).await {
                     Ok(Ok(())) => {}
-                    Ok(Err(e)) => return (done, Err(e)),
-                    Err(_) => return (done, Err(timed_out())),
+                    Ok(Err(e)) => return Err(e),
+                    Err(_) => return Err(timed_out()),
                 }
             }
-            Err(e) => return (done, Err(e)),
+            Err(e) => return Err(e),
         }
     }
-    (done, Ok(()))
+    Ok(())
+}
+
+/// What is left to send of a few byte slices, and how much has gone. Two parts (a head and a
+/// body) are all the callers gather; more would be sent in turns of [`Slices::MAX`].
+struct Slices<'a> {
+    buf: [IoSlice<'a>; Slices::MAX],
+    /// `buf[start..len]` is left to send.
+    start: usize,
+    len: usize,
+    done: usize,
+}
+
+impl<'a> Slices<'a> {
+    const MAX: usize = 4;
+
+    fn new(parts: &[&'a [u8]]) -> Slices<'a> {
+        assert!(parts.len() <= Self::MAX, "at most {} parts", Self::MAX);
+        let mut buf = [IoSlice::new(&[]); Self::MAX];
+        let mut len = 0;
+        for p in parts.iter().filter(|p| !p.is_empty()) {
+            buf[len] = IoSlice::new(p);
+            len += 1;
+        }
+        Slices {
+            buf,
+            start: 0,
+            len,
+            done: 0,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.start == self.len
+    }
+
+    fn get(&self) -> &[IoSlice<'a>] {
+        &self.buf[self.start..self.len]
+    }
+
+    /// Drop the first `n` bytes left.
+    fn advance(&mut self, n: usize) {
+        self.done += n;
+        let mut rest: &mut [IoSlice<'a>] = &mut self.buf[self.start..self.len];
+        IoSlice::advance_slices(&mut rest, n);
+        self.start = self.len - rest.len();
+    }
 }
 
 #[cfg(test)]
@@ -374,5 +441,67 @@ mod tests {
         assert!(s.is_registered(), "8 MB cannot leave without a wait");
         drop(s);
         assert!(reader.await.unwrap() == big, "the bytes arrived changed");
+    }
+
+    /// What is left after any number of bytes is the rest of the parts joined, whatever
+    /// their lengths (empty parts included), and the count of what went is exact.
+    #[test]
+    fn slices_advance_through_parts() {
+        let parts: [&[u8]; 4] = [b"abc", b"", b"defgh", b"i"];
+        let joined = parts.concat();
+        for n in 0..=joined.len() {
+            // One advance of n, and the same in single bytes.
+            for steps in [vec![n], vec![1; n]] {
+                let mut s = Slices::new(&parts);
+                for k in steps {
+                    s.advance(k);
+                }
+                let rest: Vec<u8> = s.get().iter().flat_map(|p| p.iter().copied()).collect();
+                assert_eq!(rest, &joined[n..], "after {n} bytes");
+                assert_eq!((s.done, s.is_empty()), (n, n == joined.len()));
+            }
+        }
+    }
+
+    /// A head and a body sent as two parts arrive joined and whole: in one call when they fit
+    /// (the socket stays bare), and across waits for a client that reads slowly when they do
+    /// not, with `waits` called once, before the first wait.
+    #[tokio::test]
+    async fn gathered_parts_arrive_joined_and_whole() {
+        let until = || Instant::now() + Duration::from_secs(5);
+        let (mut s, mut client) = bare_client().await;
+        let mut waited = 0;
+        let (n, r) =
+            send_to_client_or_wait(&mut s, &[b"head:", b"", b"body"], false, until(), || {
+                waited += 1
+            })
+            .await;
+        assert_eq!((n, r.is_ok(), waited), (9, true, 0));
+        assert!(!s.is_registered(), "a send that fit registered the socket");
+        let mut got = [0u8; 9];
+        client.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"head:body");
+
+        let head: Vec<u8> = (0..3_000_000u32).map(|i| (i % 241) as u8).collect();
+        let body: Vec<u8> = (0..5_000_000u32).map(|i| (i % 251) as u8).collect();
+        let reader = tokio::spawn(async move {
+            let mut all = Vec::new();
+            let mut buf = [0u8; 4096];
+            loop {
+                // Slowly: the sender must wait, and resume mid-part.
+                match client.read(&mut buf).await.unwrap() {
+                    0 => return all,
+                    n => all.extend_from_slice(&buf[..n]),
+                }
+                tokio::task::yield_now().await;
+            }
+        });
+        let (n, r) =
+            send_to_client_or_wait(&mut s, &[&head, &body], false, until(), || waited += 1).await;
+        r.unwrap();
+        assert_eq!((n, waited), (head.len() + body.len(), 1));
+        drop(s);
+        let all = reader.await.unwrap();
+        assert!(all == [head, body].concat(), "the bytes arrived changed");
     }
 }
