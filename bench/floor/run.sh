@@ -12,8 +12,13 @@
 # here: what is left of a request when all of a server's own work is taken away is the
 # kernel's and wrk's, and those are the same for every server.
 #
+# With COMPARE_BIN set to another switchyard binary (an earlier build), that binary's node runs
+# too, as "node-b", in the same rotation: a change to the node is measured against the build
+# before it in the same run.
+#
 # Usage: bench/floor/run.sh                 (defaults below)
 #        SIZES="1k 100k" MODES=close ROUNDS=7 DURATION=5 bench/floor/run.sh
+#        COMPARE_BIN=/tmp/switchyard-before SIZES=16k MODES=keepalive bench/floor/run.sh
 # Traffic goes to 127.0.0.1 only.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -28,6 +33,7 @@ NGINX_PORT=18080
 NODE_PORT=18081
 EPOLL_PORT=18090
 URING_PORT=18091
+NODE_B_PORT=18092
 ulimit -n "$(ulimit -Hn)"
 
 # shellcheck source=../lib/wrk.sh
@@ -45,20 +51,27 @@ wait_port() { for _ in $(seq 50); do curl -sf -o /dev/null "http://127.0.0.1:$1/
 root="$work/root"; mkdir -p "$root"
 chmod 755 "$work" "$root"  # nginx workers run unprivileged
 for size in $SIZES; do head -c "$(bytes "$size")" /dev/urandom > "$root/$size"; done
-ports_free $NGINX_PORT $NODE_PORT $EPOLL_PORT $URING_PORT
+ports_free $NGINX_PORT $NODE_PORT $EPOLL_PORT $URING_PORT $NODE_B_PORT
 nginx_conf "$root" $NGINX_PORT
 nginx -c "$work/nginx.conf" -e "$work/nginx-error.log" &
 pids+=($!); nginx_pid=$!
 "$bin" node --listen 127.0.0.1:$NODE_PORT --root "$root" --cache-bytes 67108864 2>"$work/node.log" &
 pids+=($!); node_pid=$!
+names=(nginx node floor-epoll floor-uring)
+if [ -n "${COMPARE_BIN:-}" ]; then
+    "$COMPARE_BIN" node --listen 127.0.0.1:$NODE_B_PORT --root "$root" --cache-bytes 67108864 \
+        2>"$work/node-b.log" &
+    pids+=($!); node_b_pid=$!
+    names+=(node-b)
+fi
 first=${SIZES%% *}
 wait_port $NGINX_PORT "$first"; wait_port $NODE_PORT "$first"
+[ -n "${COMPARE_BIN:-}" ] && wait_port $NODE_B_PORT "$first"
 nginx_all() { echo "$nginx_pid $(pgrep -P "$nginx_pid" | tr '\n' ' ')"; }
 
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "| file | mode | server | req/s | / nginx | p99 µs | CPU µs/req |"
 echo "|---|---|---|---:|---:|---:|---:|"
-names=(nginx node floor-epoll floor-uring)
 for size in $SIZES; do
     # The floor answers every path with one body: one pair of floors per size.
     # Bodies over 16 KiB go out with sendfile (as the node sends them), smaller ones copied.
@@ -71,13 +84,14 @@ for size in $SIZES; do
     for mode in $MODES; do
         for n in "${names[@]}"; do for f in rps p99 cpu; do : > "$work/$n.$f"; done; done
         for r in $(seq "$ROUNDS"); do
-            for k in 0 1 2 3; do
-                i=$(( (k + r) % 4 ))
+            for k in "${!names[@]}"; do
+                i=$(( (k + r) % ${#names[@]} ))
                 case $i in
                     0) port=$NGINX_PORT; p=$(nginx_all) ;;
                     1) port=$NODE_PORT; p=$node_pid ;;
                     2) port=$EPOLL_PORT; p=$epoll_pid ;;
                     3) port=$URING_PORT; p=$uring_pid ;;
+                    4) port=$NODE_B_PORT; p=$node_b_pid ;;
                 esac
                 # shellcheck disable=SC2086
                 read -r a b c < <(run_wrk "$port" "$size" "$mode" $p)
