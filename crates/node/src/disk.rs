@@ -267,16 +267,13 @@ impl Direct {
 
 /// Open `rel` beneath `root` (as the document root does), with `O_DIRECT` when `direct`.
 pub fn open_beneath(root: BorrowedFd<'_>, rel: &str, direct: bool) -> io::Result<File> {
-    use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
-    let mut flags = OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK | OFlag::O_NOCTTY;
-    if direct {
-        flags |= OFlag::O_DIRECT;
-    }
-    let how = OpenHow::new()
-        .flags(flags)
-        .mode(nix::sys::stat::Mode::empty())
-        .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS);
-    Ok(File::from(openat2(root, rel, how)?))
+    use nix::fcntl::OFlag;
+    let extra = if direct {
+        OFlag::O_DIRECT
+    } else {
+        OFlag::empty()
+    };
+    Ok(crate::fs::open_beneath(root, rel, extra)?)
 }
 
 /// The direct-I/O alignment `statx` reports for `file` (the larger of the memory and offset

@@ -6,16 +6,22 @@
 //! whatever a request target looked like. `O_NONBLOCK` keeps a FIFO in the
 //! root from stalling a worker, and anything that is not a regular file or
 //! directory is treated as absent.
+//!
+//! Where the kernel has no `openat2` (Linux before 5.6, or a sandbox that hides the call, as
+//! some container seccomp profiles and valgrind do), the path is walked one component at a time
+//! with `openat(O_NOFOLLOW)` instead ([`open_beneath`]). That walk cannot leave the root either,
+//! and is stricter: it follows no symlink at all, even one that stays beneath the root.
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::SystemTime;
 
 use nix::errno::Errno;
-use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+use nix::fcntl::{openat, openat2, OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::Mode;
 
 use switchyard_http::conditional::{http_date, make_etag};
@@ -68,17 +74,12 @@ impl Root {
     /// Look up `rel` (a normalized relative path, empty for the root).
     pub fn lookup(&self, rel: &str) -> Lookup {
         let rel = if rel.is_empty() { "." } else { rel };
-        let how = OpenHow::new()
-            .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK | OFlag::O_NOCTTY)
-            .mode(Mode::empty())
-            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS);
-        let fd = match openat2(self.dir.as_fd(), rel, how) {
-            Ok(fd) => fd,
+        let file = match open_beneath(self.dir.as_fd(), rel, OFlag::empty()) {
+            Ok(f) => f,
             Err(Errno::EACCES | Errno::EPERM) => return Lookup::Forbidden,
             // ENOENT, ENOTDIR, EXDEV (escape attempt), ELOOP, ENAMETOOLONG…
             Err(_) => return Lookup::NotFound,
         };
-        let file = File::from(fd);
         let meta = match file.metadata() {
             Ok(m) => m,
             Err(_) => return Lookup::NotFound,
@@ -100,6 +101,58 @@ impl Root {
         };
         Lookup::File(file, info)
     }
+}
+
+/// Whether `openat2` answered `ENOSYS` once: from then on every open walks the path.
+static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
+
+/// Open `rel` (relative, read only, plus `extra` flags) strictly beneath the directory `root`:
+/// with `openat2(RESOLVE_BENEATH)`, or where the kernel lacks it by [`walk_beneath`].
+pub fn open_beneath(root: BorrowedFd<'_>, rel: &str, extra: OFlag) -> Result<File, Errno> {
+    let flags = OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | extra;
+    if !NO_OPENAT2.load(Relaxed) {
+        let how = OpenHow::new()
+            .flags(flags)
+            .mode(Mode::empty())
+            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+        match openat2(root, rel, how) {
+            Err(Errno::ENOSYS) => {
+                tracing::warn!(
+                    "the kernel has no openat2: paths are walked, symlinks not followed"
+                );
+                NO_OPENAT2.store(true, Relaxed);
+            }
+            r => return r.map(File::from),
+        }
+    }
+    walk_beneath(root, rel, flags)
+}
+
+/// Open `rel` beneath `root` one component at a time, each with `O_NOFOLLOW`: no symlink is
+/// followed and no `..` or absolute path is taken (`EXDEV`, as `RESOLVE_BENEATH` answers), so
+/// the walk cannot leave the root.
+fn walk_beneath(root: BorrowedFd<'_>, rel: &str, flags: OFlag) -> Result<File, Errno> {
+    if rel.starts_with('/') {
+        return Err(Errno::EXDEV);
+    }
+    let mut parts = rel
+        .split('/')
+        .filter(|p| !p.is_empty() && *p != ".")
+        .peekable();
+    let mut dir: Option<OwnedFd> = None;
+    while let Some(part) = parts.next() {
+        if part == ".." {
+            return Err(Errno::EXDEV);
+        }
+        let at = dir.as_ref().map_or(root, |d| d.as_fd());
+        if parts.peek().is_none() {
+            return openat(at, part, flags | OFlag::O_NOFOLLOW, Mode::empty()).map(File::from);
+        }
+        let step = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        dir = Some(openat(at, part, step, Mode::empty())?);
+    }
+    // Nothing but "." : the root itself.
+    openat(root, ".", flags, Mode::empty()).map(File::from)
 }
 
 /// Read a whole file of known length.
@@ -151,5 +204,48 @@ mod tests {
         assert!(matches!(root.lookup("../x"), Lookup::NotFound));
         assert!(matches!(root.lookup("ok-link"), Lookup::File(..)));
         assert!(matches!(root.lookup("missing"), Lookup::NotFound));
+    }
+
+    /// The walk used where the kernel has no `openat2`: it finds what is beneath the root and
+    /// follows no symlink and no `..`, wherever in the path.
+    #[test]
+    fn the_walk_stays_beneath_root_and_follows_no_link() {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret"), b"s").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("a/b")).unwrap();
+        std::fs::write(dir.path().join("a/b/c.txt"), b"deep").unwrap();
+        std::fs::write(dir.path().join("top.txt"), b"top").unwrap();
+        symlink(outside.path(), dir.path().join("out")).unwrap();
+        symlink("a", dir.path().join("in")).unwrap();
+        symlink("top.txt", dir.path().join("top-link")).unwrap();
+        let root = File::open(dir.path()).unwrap();
+        let flags = OFlag::O_RDONLY | OFlag::O_CLOEXEC;
+        let read = |rel: &str| {
+            walk_beneath(root.as_fd(), rel, flags).map(|f| {
+                let len = f.metadata().unwrap().len();
+                read_all(&f, len).unwrap()
+            })
+        };
+        assert_eq!(read("a/b/c.txt").unwrap(), b"deep");
+        assert_eq!(read("./a//b/c.txt").unwrap(), b"deep");
+        assert_eq!(read("top.txt").unwrap(), b"top");
+        assert!(walk_beneath(root.as_fd(), ".", flags)
+            .unwrap()
+            .metadata()
+            .unwrap()
+            .is_dir());
+        assert!(walk_beneath(root.as_fd(), "a/b", flags)
+            .unwrap()
+            .metadata()
+            .unwrap()
+            .is_dir());
+        assert_eq!(read("out/secret").unwrap_err(), Errno::ENOTDIR);
+        assert_eq!(read("in/b/c.txt").unwrap_err(), Errno::ENOTDIR);
+        assert_eq!(read("top-link").unwrap_err(), Errno::ELOOP);
+        assert_eq!(read("a/../top.txt").unwrap_err(), Errno::EXDEV);
+        assert_eq!(read("../x").unwrap_err(), Errno::EXDEV);
+        assert_eq!(read("/etc/passwd").unwrap_err(), Errno::EXDEV);
+        assert_eq!(read("a/missing").unwrap_err(), Errno::ENOENT);
     }
 }
