@@ -536,10 +536,14 @@ impl<R: Router> Conn<'_, R> {
                 Ok(h) => h,
                 Err(e) => return e,
             };
+            // A plain request is answered in the loop's own future, with no allocation per
+            // request (the connection's whole future is boxed once, `Plain::spawn`); the
+            // routed path's state is larger and boxed, so that a plain connection holds no
+            // room for it.
             let end = if self.router.is_some() {
                 Box::pin(self.routed(head)).await
             } else {
-                Box::pin(self.handle(head)).await
+                self.handle(head).await
             };
             if let Some(end) = end {
                 return end;
@@ -840,7 +844,10 @@ impl<R: Router> Conn<'_, R> {
             .as_ref()
             .filter(|d| d.serves(&head) && own_site())
         {
-            return self.dynamic(head, app).await;
+            // Boxed: an exchange with the application server holds more state than the
+            // rest of a request, and the loop that answers every request would hold room
+            // for it.
+            return Box::pin(self.dynamic(head, app)).await;
         }
         let started = Instant::now();
         self.stats.requests += 1;
@@ -865,7 +872,8 @@ impl<R: Router> Conn<'_, R> {
             return if keep { None } else { Some(self.close().await) };
         }
         if head.framing != BodyFraming::None {
-            if let Err(e) = self.discard_body(&head).await {
+            // Boxed, as a body on a GET is rare: see `dynamic` above.
+            if let Err(e) = Box::pin(self.discard_body(&head)).await {
                 return Some(e);
             }
         }
@@ -1690,7 +1698,12 @@ mod tests {
     /// A connection waiting in its task (for the parking delay, or busy)
     /// costs its task's future; it must stay small, as every open
     /// connection of a busy node has one. (Parked, a connection holds no
-    /// task: `switchyard_node`'s `parked_connection_state_is_small`.)
+    /// task: `switchyard_node`'s `parked_connection_state_is_small`.) The
+    /// future holds the state of answering a request (about 1.4 KB: the
+    /// request head, and the largest of the writes and the close), so that
+    /// a request costs no allocation; the rare paths with more state (an
+    /// application server's exchange, a body to discard, a rescue, a routed
+    /// request, a failure's lingering close) are boxed when taken.
     #[test]
     fn idle_connection_state_is_small() {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -1727,7 +1740,7 @@ mod tests {
             let fut = super::serve_parking(&ctx, s.into(), rx, start, Duration::from_secs(1));
             let size = std::mem::size_of_val(&fut);
             eprintln!("connection future: {size} bytes");
-            assert!(size <= 1280, "connection future grew to {size} bytes");
+            assert!(size <= 2048, "connection future grew to {size} bytes");
         });
     }
 }

@@ -818,7 +818,10 @@ impl Plain {
     /// an idle one is parked. `resumed`: it was parked and its client sent again.
     fn spawn(self: &Arc<Self>, stream: ClientSocket, held: Held, resumed: bool) {
         let plain = self.clone();
-        tokio::spawn(async move {
+        // Boxed here, once per connection: the task then holds a pointer, which the runtime
+        // moves as it spawns it, rather than the whole loop's state (several times); and the
+        // loop answers each request without an allocation of its own.
+        tokio::spawn(Box::pin(async move {
             let Held { ticket, slot, live } = held;
             let start = if resumed {
                 conn::Start::Resumed { ticket }
@@ -856,7 +859,7 @@ impl Plain {
                 }
             }
             closed(&plain.ctx, plain.reporter.as_deref());
-        });
+        }));
     }
 
     /// The worker's parking task: resume connections whose clients send, close those whose

@@ -40,7 +40,9 @@ pub async fn linger(stream: &mut TcpStream) {
 /// sends until it closes, `until` passes or [`LINGER_BYTES`] were dropped.
 pub async fn linger_until(stream: &mut TcpStream, until: Instant) {
     let _ = stream.shutdown().await;
-    let mut scratch = [0u8; 4096];
+    // On the heap, and only while lingering: in the future itself, 4 KiB would be held by
+    // every connection's task that may linger, whether it ever does or not.
+    let mut scratch = vec![0u8; 4096];
     let mut budget = LINGER_BYTES;
     while budget > 0 {
         match timeout_at(until, stream.read(&mut scratch)).await {
