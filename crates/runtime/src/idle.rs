@@ -38,29 +38,20 @@ pub enum Wait {
 /// ([`read_draining`]), so the next wait of a keep-alive connection sleeps
 /// until its client sends again rather than waking at once to a read that
 /// finds nothing.
-///
-/// Without `shutdown` the wait does not watch for it (joining and leaving the
-/// signal's list of waiters costs about as much as the rest of the wait): for a
-/// wait whose caller checked the signal just before and that ends soon anyway.
 pub async fn wait_for_bytes(
     stream: &TcpStream,
     buf: &mut BytesMut,
     until: Instant,
-    mut shutdown: Option<&mut watch::Receiver<bool>>,
+    shutdown: &mut watch::Receiver<bool>,
 ) -> Wait {
     loop {
-        let readable = timeout_at(until, stream.readable());
-        let r = match shutdown.as_deref_mut() {
-            Some(shutdown) => tokio::select! {
-                r = readable => r,
-                _ = shutdown.changed() => return Wait::Shutdown,
+        tokio::select! {
+            r = timeout_at(until, stream.readable()) => match r {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Wait::Failed,
+                Err(_) => return Wait::TimedOut,
             },
-            None => readable.await,
-        };
-        match r {
-            Ok(Ok(())) => {}
-            Ok(Err(_)) => return Wait::Failed,
-            Err(_) => return Wait::TimedOut,
+            _ = shutdown.changed() => return Wait::Shutdown,
         }
         match read_draining(stream, buf, READ_ROOM) {
             Ok(0) => return Wait::Closed,

@@ -241,14 +241,6 @@ pub async fn next_head_or_park<C: ClientConn>(
                 let Ok(stream) = stream.registered() else {
                     return Err(HeadEnd::Broken);
                 };
-                // A wait that ends at the parking delay (tens of milliseconds) does not watch
-                // for shutdown, checked just above: a shutdown meanwhile finds the connection
-                // parked, or refuses to park it, and closes it then.
-                let shutdown = if park_at.is_some() {
-                    None
-                } else {
-                    Some(shutdown)
-                };
                 wait_for_bytes(stream, buf, park_at.unwrap_or(until), shutdown)
             };
             match waited.await {
