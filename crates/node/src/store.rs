@@ -15,7 +15,8 @@
 //! instead of with sendfile, which would read through the page cache.
 //!
 //! Cached objects up to [`INLINE_MAX`] bytes are kept as plain byte
-//! buffers and copied behind their response head in one write. Larger ones
+//! buffers and leave with their response head in one write (copied behind
+//! it when small, gathered with it from 4 KiB on). Larger ones
 //! are kept in a sealed memfd: still memory (shmem pages, counted against
 //! the same byte budget), but sendfile(2) can hand its pages to the socket
 //! without a copy, which on loopback halves the cost of a 100 KiB response.
@@ -42,13 +43,13 @@ use crate::disk::{Direct, DiskModel};
 use crate::error::NodeError;
 use crate::fs::{read_all, FileInfo, Lookup, Root};
 
-/// Cached bodies up to this size are kept inline and copied into writes.
+/// Cached bodies up to this size are kept inline and written from memory.
 pub const INLINE_MAX: u64 = 16 * 1024;
 
 /// The bytes of a cached object.
 #[derive(Debug)]
 pub enum Content {
-    /// Small: copied behind the response head.
+    /// Small: written with the response head.
     Inline(Bytes),
     /// Larger: a sealed memfd, sent with sendfile.
     Sealed(File),
