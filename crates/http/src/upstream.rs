@@ -65,6 +65,12 @@ pub struct ResponseMeta {
     /// Whether a `Connection` header lists options other than `close` and `keep-alive`
     /// (headers that [`client_response_head`] must then drop too).
     pub connection_options: bool,
+    /// Whether the head holds a hop-by-hop field other than [`CACHE_HEADER`] (which
+    /// [`client_response_head`] drops): without one, the head crosses as it came.
+    pub hop_by_hop: bool,
+    /// Where the first [`CACHE_HEADER`] line is in the head, terminator included: the one line
+    /// a head that crosses as it came loses.
+    pub cache_line: Option<(usize, usize)>,
 }
 
 impl ResponseMeta {
@@ -129,7 +135,9 @@ pub fn parse(
     let mut close = false;
     let mut keep = false;
     let mut cache = None;
+    let mut cache_line = None;
     let mut options = false;
+    let mut hop = false;
     for h in r.headers.iter() {
         let v = trim(h.value);
         if h.name.eq_ignore_ascii_case("content-length") {
@@ -163,10 +171,20 @@ pub fn parse(
                     options = true;
                 }
             }
-        } else if cache.is_none() && h.name.eq_ignore_ascii_case(CACHE_HEADER) {
-            cache = Some(v.eq_ignore_ascii_case(b"hit"));
+        } else if h.name.eq_ignore_ascii_case(CACHE_HEADER) {
+            if cache.is_none() {
+                cache = Some(v.eq_ignore_ascii_case(b"hit"));
+                cache_line = line_of(buf, h.name.as_ptr(), head_len);
+            } else {
+                // A second one: the head is rewritten line by line.
+                hop = true;
+            }
+            continue;
         }
+        hop |= hop_by_hop(h.name.as_bytes());
     }
+    // Without its line's place the head cannot cross as it came.
+    hop |= cache.is_some() && cache_line.is_none();
     if te && length.is_some() {
         return Err(ResponseError::Malformed(
             "both Content-Length and Transfer-Encoding",
@@ -199,7 +217,20 @@ pub fn parse(
         keep_alive,
         cache,
         connection_options: options,
+        hop_by_hop: hop,
+        cache_line,
     }))
+}
+
+/// The line of `buf`'s head (its first `head_len` bytes) that begins at `name`, a field name
+/// httparse found in it: its start and the end of its CRLF.
+fn line_of(buf: &[u8], name: *const u8, head_len: usize) -> Option<(usize, usize)> {
+    let start = (name as usize).checked_sub(buf.as_ptr() as usize)?;
+    if start >= head_len {
+        return None;
+    }
+    let end = start + buf[start..head_len].iter().position(|&b| b == b'\n')? + 1;
+    Some((start, end))
 }
 
 fn parse_length(v: &[u8]) -> Result<u64, ResponseError> {
@@ -497,6 +528,9 @@ pub fn forwarded_head_fits(head: &[u8], limits: &crate::request::Limits) -> bool
 /// that keeps it. `head` must be a head accepted by [`parse`], which gave `meta`: its scan of
 /// the head tells whether a `Connection` header lists options, so that the common head (none)
 /// is not scanned for them a second time.
+///
+/// A head with no hop-by-hop field but the cache answer (the common one) is copied as it came,
+/// less that one line, rather than line by line.
 pub fn client_response_head(
     head: &[u8],
     meta: &ResponseMeta,
@@ -506,6 +540,46 @@ pub fn client_response_head(
 ) {
     // One allocation for the head (at most a `Connection` line is added).
     out.reserve(head.len() + 32);
+    let whole = head.len() == meta.head_len && head.ends_with(b"\r\n\r\n");
+    if whole && !meta.hop_by_hop && !meta.connection_options {
+        // (Leading empty lines are skipped, as the line-by-line way skips them.)
+        let start = head
+            .iter()
+            .position(|&b| b != b'\r' && b != b'\n')
+            .unwrap_or(0);
+        let body_end = head.len() - 2;
+        match meta.cache_line {
+            Some((a, b)) if start <= a && b <= body_end => {
+                out.extend_from_slice(&head[start..a]);
+                out.extend_from_slice(&head[b..body_end]);
+            }
+            None => out.extend_from_slice(&head[start..body_end]),
+            Some(_) => return client_response_head_by_line(head, meta, keep_alive, http10, out),
+        }
+        connection_line(keep_alive, http10, out);
+        out.extend_from_slice(b"\r\n");
+        return;
+    }
+    client_response_head_by_line(head, meta, keep_alive, http10, out)
+}
+
+/// The switch's own `Connection` line for the client.
+fn connection_line(keep_alive: bool, http10: bool, out: &mut Vec<u8>) {
+    match (keep_alive, http10) {
+        (false, _) => out.extend_from_slice(b"Connection: close\r\n"),
+        (true, true) => out.extend_from_slice(b"Connection: keep-alive\r\n"),
+        (true, false) => {}
+    }
+}
+
+/// [`client_response_head`] for any head: line by line, each hop-by-hop field left out.
+fn client_response_head_by_line(
+    head: &[u8],
+    meta: &ResponseMeta,
+    keep_alive: bool,
+    http10: bool,
+    out: &mut Vec<u8>,
+) {
     let options = if meta.connection_options {
         connection_options(head)
     } else {
@@ -523,11 +597,7 @@ pub fn client_response_head(
         out.extend_from_slice(l);
         out.extend_from_slice(b"\r\n");
     }
-    match (keep_alive, http10) {
-        (false, _) => out.extend_from_slice(b"Connection: close\r\n"),
-        (true, true) => out.extend_from_slice(b"Connection: keep-alive\r\n"),
-        (true, false) => {}
-    }
+    connection_line(keep_alive, http10, out);
     out.extend_from_slice(b"\r\n");
 }
 
@@ -738,7 +808,48 @@ mod tests {
         );
     }
 
+    /// Header lines the head proptest draws from: plain fields, framing, hop-by-hop fields,
+    /// `Connection` with and without options, the cache answer.
+    const FIELDS: [&str; 12] = [
+        "Date: Sun, 29 Nov 2026 00:00:00 GMT",
+        "Server: switchyard",
+        "Content-Length: 3",
+        "Transfer-Encoding: chunked",
+        "Keep-Alive: timeout=5",
+        "Connection: keep-alive",
+        "Connection: close, X-Extra",
+        "X-Extra: 1",
+        "X-Switchyard-Cache: hit",
+        "x-switchyard-cache: miss",
+        "TE: trailers",
+        "ETag: \"a\"",
+    ];
+
     proptest::proptest! {
+        /// Whatever fields a head holds, the way it is copied does not change what the client
+        /// gets.
+        #[test]
+        fn both_ways_write_the_same_head(
+            lead in 0usize..2,
+            fields in proptest::collection::vec(0usize..FIELDS.len(), 0..8),
+            keep in proptest::bool::ANY,
+            http10 in proptest::bool::ANY,
+        ) {
+            let mut head = "\r\n".repeat(lead) + "HTTP/1.1 200 OK\r\n";
+            for f in fields {
+                head += FIELDS[f];
+                head += "\r\n";
+            }
+            head += "\r\n";
+            if let Ok(Some(m)) = parse(head.as_bytes(), false, 16 * 1024) {
+                let h = &head.as_bytes()[..m.head_len];
+                let (mut fast, mut slow) = (Vec::new(), Vec::new());
+                client_response_head(h, &m, keep, http10, &mut fast);
+                client_response_head_by_line(h, &m, keep, http10, &mut slow);
+                proptest::prop_assert_eq!(fast, slow);
+            }
+        }
+
         #[test]
         fn never_panics_and_head_len_is_inside(data in proptest::collection::vec(proptest::num::u8::ANY, 0..512), head in proptest::bool::ANY) {
             if let Ok(Some(m)) = parse(&data, head, 1024) {
@@ -749,6 +860,37 @@ mod tests {
                 let mut out = Vec::new();
                 client_response_head(&data[..m.head_len], &m, m.keep_alive, false, &mut out);
                 proptest::prop_assert!(out.ends_with(b"\r\n\r\n"));
+            }
+        }
+    }
+
+    /// A head with no hop-by-hop field but the cache answer crosses as it came, less that
+    /// line; any other hop-by-hop field sends it line by line; both ways write the same head.
+    #[test]
+    fn a_plain_head_crosses_as_it_came() {
+        let plain =
+            b"HTTP/1.1 200 OK\r\nDate: x\r\nX-Switchyard-Cache: hit\r\nContent-Length: 2\r\n\r\n";
+        let m = meta_of(plain);
+        assert!(!m.hop_by_hop);
+        assert_eq!(m.cache_line, Some((26, 51)));
+        let mut out = Vec::new();
+        client_response_head(plain, &m, false, false, &mut out);
+        assert_eq!(
+            out,
+            b"HTTP/1.1 200 OK\r\nDate: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n"
+        );
+        let hop = b"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5\r\nContent-Length: 2\r\n\r\n";
+        assert!(meta_of(hop).hop_by_hop);
+        let twice =
+            b"HTTP/1.1 200 OK\r\nX-Switchyard-Cache: hit\r\nX-Switchyard-Cache: miss\r\n\r\n";
+        assert!(meta_of(twice).hop_by_hop);
+        for head in [&plain[..], hop, twice] {
+            let m = meta_of(head);
+            for (keep, http10) in [(true, false), (true, true), (false, false)] {
+                let (mut fast, mut slow) = (Vec::new(), Vec::new());
+                client_response_head(head, &m, keep, http10, &mut fast);
+                client_response_head_by_line(head, &m, keep, http10, &mut slow);
+                assert_eq!(fast, slow, "{head:?}");
             }
         }
     }
