@@ -162,6 +162,7 @@ pub fn parse(
             }
             te_chunked_last = true;
         } else if h.name.eq_ignore_ascii_case("connection") {
+            hop = true;
             for t in v.split(|&b| b == b',').map(trim) {
                 if t.eq_ignore_ascii_case(b"close") {
                     close = true;
@@ -179,9 +180,10 @@ pub fn parse(
                 // A second one: the head is rewritten line by line.
                 hop = true;
             }
-            continue;
+        } else {
+            // (Content-Length and Transfer-Encoding, above, are end-to-end.)
+            hop |= hop_by_hop(h.name.as_bytes());
         }
-        hop |= hop_by_hop(h.name.as_bytes());
     }
     // Without its line's place the head cannot cross as it came.
     hop |= cache.is_some() && cache_line.is_none();
