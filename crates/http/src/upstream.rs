@@ -139,20 +139,23 @@ pub fn parse(
     let mut options = false;
     let mut hop = false;
     for h in r.headers.iter() {
-        let v = trim(h.value);
-        if h.name.eq_ignore_ascii_case("content-length") {
+        let name = h.name.as_bytes();
+        let is = |known: &str| name.eq_ignore_ascii_case(known.as_bytes());
+        // Trimmed only for the few fields read here.
+        let v = || trim(h.value);
+        if is("content-length") {
             if length.is_some() {
                 return Err(ResponseError::Malformed("duplicate Content-Length"));
             }
-            length = Some(parse_length(v)?);
-        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            length = Some(parse_length(v())?);
+        } else if is("transfer-encoding") {
             if te {
                 return Err(ResponseError::Malformed(
                     "several Transfer-Encoding headers",
                 ));
             }
             te = true;
-            let codings: Vec<&[u8]> = v
+            let codings: Vec<&[u8]> = v()
                 .split(|&b| b == b',')
                 .map(trim)
                 .filter(|c| !c.is_empty())
@@ -161,9 +164,9 @@ pub fn parse(
                 return Err(ResponseError::Malformed("unsupported transfer coding"));
             }
             te_chunked_last = true;
-        } else if h.name.eq_ignore_ascii_case("connection") {
+        } else if is("connection") {
             hop = true;
-            for t in v.split(|&b| b == b',').map(trim) {
+            for t in v().split(|&b| b == b',').map(trim) {
                 if t.eq_ignore_ascii_case(b"close") {
                     close = true;
                 } else if t.eq_ignore_ascii_case(b"keep-alive") {
@@ -172,9 +175,9 @@ pub fn parse(
                     options = true;
                 }
             }
-        } else if h.name.eq_ignore_ascii_case(CACHE_HEADER) {
+        } else if is(CACHE_HEADER) {
             if cache.is_none() {
-                cache = Some(v.eq_ignore_ascii_case(b"hit"));
+                cache = Some(v().eq_ignore_ascii_case(b"hit"));
                 cache_line = line_of(buf, h.name.as_ptr(), head_len);
             } else {
                 // A second one: the head is rewritten line by line.
@@ -182,7 +185,7 @@ pub fn parse(
             }
         } else {
             // (Content-Length and Transfer-Encoding, above, are end-to-end.)
-            hop |= hop_by_hop(h.name.as_bytes());
+            hop |= hop_by_hop(name);
         }
     }
     // Without its line's place the head cannot cross as it came.
@@ -293,7 +296,21 @@ fn hop_by_hop(name: &[u8]) -> bool {
         b"x-switchyard-cache",
         b"x-switchyard-copy",
     ];
-    HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
+    /// Bit `n` is set when some name in `HOP` is `n` bytes long.
+    const LENGTHS: u64 = {
+        let mut mask = 0u64;
+        let mut i = 0;
+        while i < HOP.len() {
+            mask |= 1 << HOP[i].len();
+            i += 1;
+        }
+        mask
+    };
+    // Most names have none of these lengths: one test of a bit passes them, where the list
+    // took ten comparisons for each field of every response relayed.
+    name.len() < 64
+        && LENGTHS & (1 << name.len()) != 0
+        && HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
 }
 
 /// Fields that delimit or route a message: never removed, whatever `Connection` lists, so that
@@ -606,6 +623,39 @@ fn client_response_head_by_line(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The length gate passes every listed name, in any case, and only field names of the
+    /// listed lengths reach the list.
+    #[test]
+    fn every_hop_by_hop_name_is_found_in_any_case() {
+        for name in [
+            "Connection",
+            "KEEP-ALIVE",
+            "proxy-connection",
+            "TE",
+            "Upgrade",
+            "trailer",
+            "Expect",
+            "X-Switchyard-Relay",
+            "x-switchyard-cache",
+            "X-SWITCHYARD-COPY",
+        ] {
+            assert!(hop_by_hop(name.as_bytes()), "{name}");
+        }
+        for name in [
+            "Date",
+            "Server",
+            "Content-Length",
+            "ETag",
+            "t",
+            "Trailers",
+            "Upgrades",
+            "",
+        ] {
+            assert!(!hop_by_hop(name.as_bytes()), "{name}");
+        }
+        assert!(!hop_by_hop(&[b'a'; 100]));
+    }
 
     fn p(s: &str) -> Result<Option<ResponseMeta>, ResponseError> {
         parse(s.as_bytes(), false, 16 * 1024)
