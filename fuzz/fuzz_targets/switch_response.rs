@@ -80,7 +80,25 @@ fuzz_target!(|data: &[u8]| {
     {
         let mut out = Vec::new();
         let http10 = h.version == switchyard_http::request::Version::Http10;
-        forward_request_head(&data[..h.head_len], http10, Some("192.0.2.1"), &mut out);
+        forward_request_head(
+            &data[..h.head_len],
+            h.plain,
+            http10,
+            Some("192.0.2.1"),
+            &mut out,
+        );
+        // A plain head copied whole is the head rewritten line by line.
+        if h.plain {
+            let mut by_line = Vec::new();
+            forward_request_head(
+                &data[..h.head_len],
+                false,
+                http10,
+                Some("192.0.2.1"),
+                &mut by_line,
+            );
+            assert_eq!(out, by_line);
+        }
         // A client's own cache question never crosses; the switch's always does.
         let asked_by_client = matches!(
             switchyard_http::request::parse(&out, &limits),

@@ -98,14 +98,19 @@ pub fn parse(
     head_request: bool,
     max_head: usize,
 ) -> Result<Option<ResponseMeta>, ResponseError> {
-    // httparse takes a bare LF as a line end; a peer that does not would frame the response
-    // differently, so it is refused before tokenizing (one pass up to the blank line).
-    if crate::request::bare_lf(buf) {
-        return Err(ResponseError::Malformed("bare LF in the response head"));
-    }
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut r = httparse::Response::new(&mut headers);
+    // httparse takes a bare LF as a line end; a peer that does not would frame the response
+    // differently, so it is refused: counted in a head parsed whole, else scanned for line by
+    // line (refused as soon as it arrives, before any other fault).
+    const BARE_LF: ResponseError = ResponseError::Malformed("bare LF in the response head");
     let head_len = match r.parse(buf) {
+        Ok(httparse::Status::Complete(n)) if crate::request::parsed_head_has_bare_lf(&buf[..n]) => {
+            return Err(BARE_LF)
+        }
+        Ok(httparse::Status::Partial) | Err(_) if crate::request::bare_lf(buf) => {
+            return Err(BARE_LF)
+        }
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => {
             return if buf.len() > max_head {
@@ -283,7 +288,7 @@ fn value_of(line: &[u8]) -> &[u8] {
 /// `Expect` is answered by the switch itself (it reads the whole body before forwarding).
 /// The switch's and the nodes' own fields ([`RELAY_HEADER`], [`CACHE_HEADER`],
 /// [`COPY_HEADER`]) belong to one hop too.
-fn hop_by_hop(name: &[u8]) -> bool {
+pub(crate) fn hop_by_hop(name: &[u8]) -> bool {
     const HOP: [&[u8]; 10] = [
         b"connection",
         b"keep-alive",
@@ -347,9 +352,13 @@ fn dropped(name: &[u8], options: &[Vec<u8>]) -> bool {
 /// end-to-end headers as sent, the client's address appended to `X-Forwarded-For` (when
 /// `forwarded_for` is given), and `Connection: keep-alive` for an HTTP/1.0 request so that the
 /// node keeps the pooled connection open. `head` must be a head accepted by
-/// `switchyard_http::request::parse`.
+/// `switchyard_http::request::parse`, and `plain` its [`RequestHead::plain`]: such a head is
+/// copied whole, where any other is rewritten line by line.
+///
+/// [`RequestHead::plain`]: crate::request::RequestHead::plain
 pub fn forward_request_head(
     head: &[u8],
+    plain: bool,
     http10: bool,
     forwarded_for: Option<&str>,
     out: &mut Vec<u8>,
@@ -357,6 +366,22 @@ pub fn forward_request_head(
     // One allocation for the whole head (what is added is at most a few dozen bytes), not a
     // growth step every few lines.
     out.reserve(head.len() + forwarded_for.map_or(0, |ip| ip.len() + 64) + 64);
+    if plain {
+        // Nothing to drop and no X-Forwarded-For to extend: the head up to its blank line.
+        debug_assert!(head.ends_with(b"\n"));
+        let end = head.len() - if head.ends_with(b"\r\n") { 2 } else { 1 };
+        out.extend_from_slice(&head[..end]);
+        if let Some(ip) = forwarded_for {
+            out.extend_from_slice(b"X-Forwarded-For: ");
+            out.extend_from_slice(ip.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        if http10 {
+            out.extend_from_slice(b"Connection: keep-alive\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+        return;
+    }
     let options = connection_options(head);
     let mut xff: Option<Vec<u8>> = None;
     let mut it = lines(head);
@@ -750,14 +775,59 @@ mod tests {
     fn request_head_rewrite() {
         let head = b"GET /a HTTP/1.1\r\nHost: x\r\nConnection: close, X-Secret\r\nX-Secret: 1\r\nX-Forwarded-For: 10.0.0.1\r\nKeep-Alive: 5\r\nAccept: */*\r\n\r\n";
         let mut out = Vec::new();
-        forward_request_head(head, false, Some("127.0.0.9"), &mut out);
+        forward_request_head(head, false, false, Some("127.0.0.9"), &mut out);
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "GET /a HTTP/1.1\r\nHost: x\r\nAccept: */*\r\nX-Forwarded-For: 10.0.0.1, 127.0.0.9\r\n\r\n"
         );
         let mut out = Vec::new();
-        forward_request_head(b"\r\nGET / HTTP/1.0\n\n", true, None, &mut out);
+        forward_request_head(b"\r\nGET / HTTP/1.0\n\n", false, true, None, &mut out);
         assert_eq!(out, b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
+    }
+
+    proptest::proptest! {
+        /// Any head the parse accepts is forwarded the same whole (when the parse calls it
+        /// plain) as line by line; heads are built of plain fields, hop-by-hop ones,
+        /// X-Forwarded-For and leading empty lines.
+        #[test]
+        fn a_plain_request_head_forwards_as_rewritten_line_by_line(
+            lead in proptest::bool::weighted(0.1),
+            http10 in proptest::bool::ANY,
+            fields in proptest::collection::vec(proptest::sample::select(vec![
+                "Host: h", "Accept: */*", "User-Agent: x y", "X-A: 1", "Cookie: a=b",
+                "Connection: keep-alive", "Connection: X-A", "Keep-Alive: 5", "TE: trailers",
+                "X-Forwarded-For: 10.0.0.1", "x-forwarded-for: 10.0.0.2", "Upgrade: h2c",
+                "X-Switchyard-Relay: 1", "Accept-Encoding: gzip,  br ",
+            ]), 0..6),
+            ip in proptest::option::of(proptest::sample::select(vec!["192.0.2.1", "2001:db8::1"])),
+        ) {
+            let version = if http10 { "1.0" } else { "1.1" };
+            let mut head = String::new();
+            if lead {
+                head.push_str("\r\n");
+            }
+            head.push_str(&format!("GET /a?b HTTP/{version}\r\nHost: h\r\n"));
+            for f in &fields {
+                if !f.starts_with("Host") {
+                    head.push_str(f);
+                    head.push_str("\r\n");
+                }
+            }
+            head.push_str("\r\n");
+            let parsed = crate::request::parse(head.as_bytes(), &crate::request::Limits::default());
+            let Ok(crate::request::ParseOutcome::Complete(h)) = parsed else {
+                return Err(proptest::test_runner::TestCaseError::fail(format!("{head:?}: {parsed:?}")));
+            };
+            let expect_plain = !lead && fields.iter().all(|f| {
+                let name = f.split(':').next().unwrap();
+                !hop_by_hop(name.as_bytes()) && !name.eq_ignore_ascii_case("x-forwarded-for")
+            });
+            proptest::prop_assert_eq!(h.plain, expect_plain);
+            let (mut whole, mut by_line) = (Vec::new(), Vec::new());
+            forward_request_head(head.as_bytes(), h.plain, http10, ip, &mut whole);
+            forward_request_head(head.as_bytes(), false, http10, ip, &mut by_line);
+            proptest::prop_assert_eq!(String::from_utf8(whole).unwrap(), String::from_utf8(by_line).unwrap());
+        }
     }
 
     /// A head at the limits when it arrives is over them once `X-Forwarded-For` is added.
@@ -778,12 +848,12 @@ mod tests {
             Ok(ParseOutcome::Complete(_))
         ));
         let mut out = Vec::new();
-        forward_request_head(full.as_bytes(), false, Some("192.0.2.1"), &mut out);
+        forward_request_head(full.as_bytes(), true, false, Some("192.0.2.1"), &mut out);
         assert_eq!(parse(&out, &limits).unwrap_err().status(), 431);
         assert!(!forwarded_head_fits(&out, &limits));
         let roomy = pad(40);
         let mut out = Vec::new();
-        forward_request_head(roomy.as_bytes(), false, Some("192.0.2.1"), &mut out);
+        forward_request_head(roomy.as_bytes(), true, false, Some("192.0.2.1"), &mut out);
         assert!(forwarded_head_fits(&out, &limits));
         assert!(matches!(
             parse(&out, &limits),
@@ -797,11 +867,11 @@ mod tests {
             Ok(ParseOutcome::Complete(_))
         ));
         let mut out = Vec::new();
-        forward_request_head(head.as_bytes(), false, Some("192.0.2.1"), &mut out);
+        forward_request_head(head.as_bytes(), true, false, Some("192.0.2.1"), &mut out);
         assert_eq!(parse(&out, &limits).unwrap_err().status(), 431);
         assert!(!forwarded_head_fits(&out, &limits));
         let mut out = Vec::new();
-        forward_request_head(head.as_bytes(), false, None, &mut out);
+        forward_request_head(head.as_bytes(), true, false, None, &mut out);
         assert!(forwarded_head_fits(&out, &limits));
     }
 
@@ -832,7 +902,7 @@ mod tests {
     fn connection_options_never_remove_framing_or_host() {
         let head = b"POST /a HTTP/1.1\r\nHost: x\r\nConnection: Content-Length, Host, Transfer-Encoding, X-A\r\nX-A: 1\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n";
         let mut out = Vec::new();
-        forward_request_head(head, false, None, &mut out);
+        forward_request_head(head, false, false, None, &mut out);
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n"
@@ -955,6 +1025,7 @@ mod tests {
         forward_request_head(
             b"GET /a HTTP/1.1\r\nHost: h\r\nX-Switchyard-Relay: 1\r\n\r\n",
             false,
+            false,
             None,
             &mut out,
         );
@@ -981,6 +1052,7 @@ mod tests {
         let mut out = Vec::new();
         forward_request_head(
             b"GET /a HTTP/1.1\r\nHost: h\r\nX-Switchyard-Copy: 99 n9\r\n\r\n",
+            false,
             false,
             None,
             &mut out,

@@ -679,6 +679,7 @@ impl<R: Router> Conn<'_, R> {
         let client_ip = self.stream.peer_addr().ok().map(|a| a.ip().to_string());
         switchyard_http::upstream::forward_request_head(
             &self.buf[..head.head_len],
+            head.plain,
             http10,
             client_ip.as_deref(),
             &mut req,

@@ -288,7 +288,7 @@ impl Client {
             && !self.relay_only
             && !self.stopping();
         let ip = gen.cfg.forwarded_for.then_some(self.peer_ip.as_str());
-        resp::forward_request_head(&self.buf[..head.head_len], http10, ip, fwd);
+        resp::forward_request_head(&self.buf[..head.head_len], head.plain, http10, ip, fwd);
         // The node is asked whether its response comes from its memory cache; the policy
         // learns it with the outcome.
         resp::ask_cache_report(fwd);

@@ -169,6 +169,7 @@ impl<R: Router> Conn<'_, R> {
             .flatten();
         forward_request_head(
             &self.buf[..head.head_len],
+            head.plain,
             http10,
             client_ip.as_deref(),
             &mut req,
