@@ -258,6 +258,50 @@ mod tests {
         }
     }
 
+    /// The time limit of a pooled connection's reads follows each exchange's own deadline,
+    /// on a virtual clock: an answer that comes after the previous exchange's deadline but
+    /// within its own is read, and a shorter deadline than the last one still ends the wait.
+    #[tokio::test(start_paused = true)]
+    async fn each_exchange_on_a_pooled_connection_waits_by_its_own_deadline() {
+        use tokio::time::{sleep, Instant};
+        const OK: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let pool = Pool::new(8, 8);
+        let c = crate::connect(addr, Duration::from_secs(5)).await.unwrap();
+        let (mut peer, _) = l.accept().await.unwrap();
+        // The peer answers the first request after 4 s, the second after 3 s, the third never.
+        let server = tokio::spawn(async move {
+            for wait in [4, 3] {
+                read_request(&mut peer).await;
+                sleep(Duration::from_secs(wait)).await;
+                peer.write_all(OK).await.unwrap();
+            }
+            read_request(&mut peer).await;
+            peer
+        });
+        let start = Instant::now();
+        assert!(pool.put(c));
+        let mut c = pool.take(addr).unwrap();
+        let each5 = Deadline::Each(Duration::from_secs(5));
+        exchange(&mut c, REQ, each5, None).await.unwrap();
+        assert_eq!(start.elapsed(), Duration::from_secs(4));
+        assert!(pool.put(c));
+        let mut c = pool.take(addr).unwrap();
+        // Due at 9 s; the first exchange's timer was due at 5 s.
+        exchange(&mut c, REQ, each5, None).await.unwrap();
+        assert_eq!(start.elapsed(), Duration::from_secs(7));
+        assert!(pool.put(c));
+        let mut c = pool.take(addr).unwrap();
+        // Due at 8 s, before the 9 s the timer was last set to.
+        let f = exchange(&mut c, REQ, Deadline::Each(Duration::from_secs(1)), None)
+            .await
+            .unwrap_err();
+        assert!(matches!(f.error, Error::TimedOut), "{f:?}");
+        assert_eq!(start.elapsed(), Duration::from_secs(8));
+        drop(server.await.unwrap());
+    }
+
     /// A refused head and a timeout are never retryable.
     #[tokio::test]
     async fn bad_heads_and_timeouts_are_not_retryable() {

@@ -56,7 +56,7 @@ struct Shared {
 /// One thread's idle connections to one peer, most recently used last.
 #[derive(Debug)]
 struct List {
-    conns: Mutex<Vec<TcpStream>>,
+    conns: Mutex<Vec<Connection>>,
     shared: Arc<Shared>,
 }
 
@@ -135,10 +135,10 @@ impl Pool {
             let m = m.borrow();
             let list = m.get(&(self.id, peer))?;
             let mut conns = list.conns.lock();
-            while let Some(s) = conns.pop() {
+            while let Some(c) = conns.pop() {
                 self.shared.idle.fetch_sub(1, Relaxed);
-                if still_open(&s) {
-                    return Some(Connection::new(s, peer, true));
+                if still_open(&c.stream) {
+                    return Some(c.reuse());
                 }
             }
             None
@@ -185,7 +185,7 @@ impl Pool {
             {
                 return false;
             }
-            conns.push(conn.stream);
+            conns.push(conn.into_idle());
             sh.idle.fetch_add(1, Relaxed);
             true
         })
