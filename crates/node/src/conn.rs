@@ -49,7 +49,7 @@ use switchyard_http::range::{evaluate, RangeDecision};
 use switchyard_http::request::{BodyFraming, Limits, Method, RequestHead, Version};
 use switchyard_http::response::{DateCache, ResponseHead};
 use switchyard_http::upstream::client_response_head;
-use switchyard_runtime::ClientSocket;
+use switchyard_runtime::{ClientSocket, WaitTimer};
 use switchyard_upstream::splice::{send_to_client, send_to_client_or_wait};
 
 use crate::forward;
@@ -302,6 +302,8 @@ struct Conn<'a, R: Router> {
     /// How long a keep-alive connection waits in its task before it is parked; none: never
     /// parked (routed connections, which their router follows).
     park_after: Option<Duration>,
+    /// The timer of its waits on the client, kept from one to the next.
+    timer: WaitTimer,
 }
 
 /// Why the connection loop ended.
@@ -404,6 +406,7 @@ pub(crate) async fn serve_parking(
         listed,
         closing: false,
         park_after: Some(park_after),
+        timer: WaitTimer::new(),
     };
     match conn.run(first).await {
         End::Error(status) => {
@@ -444,6 +447,7 @@ pub(crate) async fn serve_routed<R: Router>(
         listed: None,
         closing: false,
         park_after: None,
+        timer: WaitTimer::new(),
     };
     match conn.run(true).await {
         End::Error(status) => {
@@ -503,6 +507,7 @@ impl<R: Router> ClientConn for Conn<'_, R> {
             stream: &mut self.stream,
             buf: &mut self.buf,
             shutdown: &mut self.shutdown,
+            timer: &mut self.timer,
         }
     }
 

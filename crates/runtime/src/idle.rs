@@ -10,7 +10,9 @@ use bytes::BytesMut;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
-use tokio::time::{timeout_at, Instant};
+use tokio::time::Instant;
+
+use crate::timer::WaitTimer;
 
 /// How waiting for a client's next bytes ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,20 +40,25 @@ pub enum Wait {
 /// ([`read_draining`]), so the next wait of a keep-alive connection sleeps
 /// until its client sends again rather than waking at once to a read that
 /// finds nothing.
+///
+/// The deadline is kept in the connection's own `timer` ([`WaitTimer`]), set for this wait.
 pub async fn wait_for_bytes(
     stream: &TcpStream,
     buf: &mut BytesMut,
     until: Instant,
     shutdown: &mut watch::Receiver<bool>,
+    timer: &mut WaitTimer,
 ) -> Wait {
+    timer.set(until);
     loop {
         tokio::select! {
-            r = timeout_at(until, stream.readable()) => match r {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) => return Wait::Failed,
-                Err(_) => return Wait::TimedOut,
+            // Bytes that are there end the wait even at its deadline.
+            biased;
+            r = stream.readable() => if r.is_err() {
+                return Wait::Failed;
             },
             _ = shutdown.changed() => return Wait::Shutdown,
+            () = timer.due() => return Wait::TimedOut,
         }
         match read_draining(stream, buf, READ_ROOM) {
             Ok(0) => return Wait::Closed,

@@ -33,9 +33,11 @@ pub mod report;
 pub mod request;
 pub mod shed;
 pub mod socket;
+pub mod timer;
 pub mod workers;
 
 pub use accept::{accept_loop, AcceptStats, Incoming, Listener, WhenFull};
 pub use listen::{listen, listen_std};
 pub use socket::ClientSocket;
+pub use timer::WaitTimer;
 pub use workers::{Live, WeakLive, Workers};

@@ -24,6 +24,7 @@ use crate::close::fill;
 use crate::idle::{recv_into, wait_for_bytes, Wait, READ_ROOM};
 use crate::shed::{Waiting, WaitingClients};
 use crate::socket::ClientSocket;
+use crate::timer::WaitTimer;
 use std::sync::Arc;
 
 /// The interim response sent to a client that expects `100-continue`.
@@ -38,6 +39,8 @@ pub struct ClientParts<'a> {
     pub buf: &'a mut BytesMut,
     /// Becomes `true` when the process shuts down.
     pub shutdown: &'a mut watch::Receiver<bool>,
+    /// The connection's timer for its waits on the client, kept from one wait to the next.
+    pub timer: &'a mut WaitTimer,
 }
 
 /// A client connection that requests are read from.
@@ -236,12 +239,13 @@ pub async fn next_head_or_park<C: ClientConn>(
                     stream,
                     buf,
                     shutdown,
+                    timer,
                 } = c.parts();
                 *buf = BytesMut::new();
                 let Ok(stream) = stream.registered() else {
                     return Err(HeadEnd::Broken);
                 };
-                wait_for_bytes(stream, buf, park_at.unwrap_or(until), shutdown)
+                wait_for_bytes(stream, buf, park_at.unwrap_or(until), shutdown, timer)
             };
             match waited.await {
                 Wait::Data => {}

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 use std::sync::Arc;
 use switchyard_runtime::shed::{Waiting, WaitingClients};
-use switchyard_runtime::ClientSocket;
+use switchyard_runtime::{ClientSocket, WaitTimer};
 
 const HEADER: Duration = Duration::from_secs(5);
 const IDLE: Duration = Duration::from_secs(30);
@@ -26,6 +26,7 @@ struct Server {
     stream: ClientSocket,
     buf: BytesMut,
     shutdown: watch::Receiver<bool>,
+    timer: WaitTimer,
     before_waits: usize,
     idles: usize,
     /// The shedding list, when the connection is on one.
@@ -40,6 +41,7 @@ impl ClientConn for Server {
             stream: &mut self.stream,
             buf: &mut self.buf,
             shutdown: &mut self.shutdown,
+            timer: &mut self.timer,
         }
     }
 
@@ -100,6 +102,7 @@ async fn pair(preread: &[u8]) -> (TcpStream, Server, watch::Sender<bool>) {
         stream,
         buf: BytesMut::from(preread),
         shutdown,
+        timer: WaitTimer::new(),
         before_waits: 0,
         idles: 0,
         list: None,

@@ -17,7 +17,7 @@ use switchyard_policy::{ConnId, NodeId, Outcome, Reject, Request as PolicyReques
 use switchyard_runtime::request::{self as reading, BodyError, ClientConn, ClientParts};
 use switchyard_runtime::request::{HeadEnd, HeadWait, CONTINUE};
 use switchyard_runtime::shed::{Waiting, WaitingClients};
-use switchyard_runtime::ClientSocket;
+use switchyard_runtime::{ClientSocket, WaitTimer};
 use switchyard_upstream::splice::send_to_client;
 use switchyard_upstream::{self as upstream, Deadline};
 use tokio::net::TcpStream;
@@ -104,6 +104,8 @@ struct Client {
     worker: usize,
     /// The switch's address of the connection, once known.
     local: Option<SocketAddr>,
+    /// The timer of its waits on the client, kept from one to the next.
+    timer: WaitTimer,
 }
 
 /// Serve one client connection on worker thread `worker` until it closes (or moves to a
@@ -147,6 +149,7 @@ pub(crate) async fn serve_with(
         no_delay: false,
         worker,
         local,
+        timer: WaitTimer::new(),
     };
     match c.run().await {
         End::Error(status) => Box::pin(c.fail(status)).await,
@@ -862,6 +865,7 @@ impl ClientConn for Client {
             stream: &mut self.stream,
             buf: &mut self.buf,
             shutdown: &mut self.stop,
+            timer: &mut self.timer,
         }
     }
 

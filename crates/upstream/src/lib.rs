@@ -22,17 +22,17 @@
 //! The crate counts nothing itself: it returns the facts (connection reused, bytes relayed,
 //! bytes spliced, which side failed) and the caller keeps its own metrics.
 
-use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
 
 use bytes::BytesMut;
 use thiserror::Error;
 use tokio::net::{TcpSocket, TcpStream};
-use tokio::time::{sleep_until, timeout, Instant, Sleep};
+use tokio::time::{timeout, Instant};
+
+use switchyard_runtime::WaitTimer;
 
 pub mod collect;
 pub mod exchange;
@@ -141,12 +141,9 @@ pub struct Connection {
     peer: SocketAddr,
     reused: bool,
     buf: BytesMut,
-    /// The time limit of a read that waits, armed at the first such wait and kept armed
-    /// across waits, requests and the pool: moved to a later deadline, a registered timer
-    /// costs one atomic exchange, where a timer per wait cost a lock, an insertion into the
-    /// runtime's wheel and a removal (about 850 instructions per relayed request). A timer
-    /// that comes due while the connection idles in the pool wakes nobody waiting.
-    timer: Option<Pin<Box<Sleep>>>,
+    /// The time limit of a read that waits, set when one has to and kept across waits,
+    /// requests and the pool ([`WaitTimer`]).
+    timer: WaitTimer,
 }
 
 impl Connection {
@@ -156,7 +153,7 @@ impl Connection {
             peer,
             reused,
             buf: BytesMut::new(),
-            timer: None,
+            timer: WaitTimer::new(),
         }
     }
 
@@ -223,16 +220,11 @@ impl Connection {
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => {}
             }
-            let t = match timer {
-                Some(t) if armed => t.as_mut(),
-                Some(t) => {
-                    t.as_mut().reset(until);
-                    t.as_mut()
-                }
-                None => timer.insert(Box::pin(sleep_until(until))).as_mut(),
-            };
-            armed = true;
-            return match t.poll(cx) {
+            if !armed {
+                timer.set(until);
+                armed = true;
+            }
+            return match timer.poll_due(cx) {
                 Poll::Ready(()) => Poll::Ready(Err(io::ErrorKind::TimedOut.into())),
                 Poll::Pending => Poll::Pending,
             };
