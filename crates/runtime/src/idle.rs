@@ -63,7 +63,9 @@ pub async fn wait_for_bytes(
         match read_draining(stream, buf, READ_ROOM) {
             Ok(0) => return Wait::Closed,
             Ok(_) => return Wait::Data,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => *buf = BytesMut::new(),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                crate::spare::give_bytes(std::mem::take(buf))
+            }
             Err(_) => return Wait::Failed,
         }
     }
@@ -105,6 +107,9 @@ pub fn read_draining(stream: &TcpStream, buf: &mut BytesMut, room: usize) -> io:
 /// One `recv(2)` of up to `room` bytes from `fd` onto the end of `buf`, into its spare
 /// capacity: the room is not zeroed first (4 KiB of `memset` per request otherwise).
 pub(crate) fn recv_into(fd: BorrowedFd<'_>, buf: &mut BytesMut, room: usize) -> io::Result<usize> {
+    if buf.capacity() == 0 {
+        *buf = crate::spare::take_bytes();
+    }
     buf.reserve(room);
     let spare = &mut buf.spare_capacity_mut()[..room];
     let n = socket2::SockRef::from(&fd).recv(spare)?;

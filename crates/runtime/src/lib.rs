@@ -6,7 +6,8 @@
 //! fails for lack of resources. Connections come bare ([`socket::ClientSocket`]): registered
 //! with the event loop only once they must wait. An idle keep-alive connection waits without
 //! buffers in [`idle::wait_for_bytes`], and one that stays idle gives up its task and is parked
-//! in its worker's table ([`park`]) until its client sends again; request heads and bodies are
+//! in its worker's table ([`park`]) until its client sends again (the buffers it gave up wait
+//! in [`spare`] for the next request on the thread); request heads and bodies are
 //! read by [`request::next_head`] and [`request::read_body`] (or passed on as they arrive by
 //! [`request::stream_body`]); a connection that ends after an error closes with
 //! [`close::linger`]. On shutdown each worker drains: it waits, woken by the last connection
@@ -33,6 +34,7 @@ pub mod report;
 pub mod request;
 pub mod shed;
 pub mod socket;
+pub mod spare;
 pub mod timer;
 pub mod workers;
 

@@ -241,7 +241,7 @@ pub async fn next_head_or_park<C: ClientConn>(
                     shutdown,
                     timer,
                 } = c.parts();
-                *buf = BytesMut::new();
+                crate::spare::give_bytes(std::mem::take(buf));
                 let Ok(stream) = stream.registered() else {
                     return Err(HeadEnd::Broken);
                 };

@@ -17,7 +17,7 @@ use switchyard_policy::{ConnId, NodeId, Outcome, Reject, Request as PolicyReques
 use switchyard_runtime::request::{self as reading, BodyError, ClientConn, ClientParts};
 use switchyard_runtime::request::{HeadEnd, HeadWait, CONTINUE};
 use switchyard_runtime::shed::{Waiting, WaitingClients};
-use switchyard_runtime::{ClientSocket, WaitTimer};
+use switchyard_runtime::{spare, ClientSocket, WaitTimer};
 use switchyard_upstream::splice::send_to_client;
 use switchyard_upstream::{self as upstream, Deadline};
 use tokio::net::TcpStream;
@@ -240,6 +240,9 @@ impl Client {
     /// Answer one request; `Some` ends the connection.
     async fn handle(&mut self, head: RequestHead) -> Option<End> {
         let mut fwd = std::mem::take(&mut self.fwd);
+        if fwd.capacity() == 0 {
+            fwd = spare::take_vec();
+        }
         fwd.clear();
         let end = self.forward(head, &mut fwd).await;
         if fwd.capacity() <= 64 * 1024 {
@@ -699,6 +702,9 @@ impl Client {
         // A drain that started while the node worked closes the connection after this response.
         let client_keep = keep && meta.body != BodyLength::UntilClose && !self.stopping();
         let from_cache = meta.cache;
+        if self.out.capacity() == 0 {
+            self.out = spare::take_vec();
+        }
         self.out.clear();
         // Head and the body bytes already read go out together: room for both at once.
         self.out
@@ -870,8 +876,8 @@ impl ClientConn for Client {
     }
 
     fn idle(&mut self) {
-        self.out = Vec::new();
-        self.fwd = Vec::new();
+        spare::give_vec(std::mem::take(&mut self.out));
+        spare::give_vec(std::mem::take(&mut self.fwd));
     }
 
     fn waiting_list(&self) -> Option<&Arc<WaitingClients>> {

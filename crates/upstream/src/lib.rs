@@ -157,9 +157,10 @@ impl Connection {
         }
     }
 
-    /// The connection as the pool keeps it: its socket and its timer, not its buffer.
+    /// The connection as the pool keeps it: its socket and its timer; its buffer goes to the
+    /// thread's spares ([`switchyard_runtime::spare`]).
     fn into_idle(mut self) -> Connection {
-        self.buf = BytesMut::new();
+        switchyard_runtime::spare::give_bytes(std::mem::take(&mut self.buf));
         self
     }
 
@@ -202,6 +203,9 @@ impl Connection {
 
     /// Read more into the buffer, waiting until `until`; 0 at the peer's close.
     async fn read_more(&mut self, until: Instant) -> io::Result<usize> {
+        if self.buf.capacity() == 0 {
+            self.buf = switchyard_runtime::spare::take_bytes();
+        }
         if self.buf.capacity() - self.buf.len() < 4096 {
             self.buf.reserve(READ_SIZE);
         }
