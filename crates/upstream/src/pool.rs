@@ -18,7 +18,6 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -216,17 +215,19 @@ impl Drop for Pool {
 }
 
 /// Whether an idle connection is still usable: nothing to read and not closed.
+///
+/// Asked through `try_io`, which answers from the readiness the runtime has cached, without a
+/// system call and without registering a waker, for a connection that saw no event while idle
+/// (the usual case); `poll_read_ready` took the registration's lock to store a waker each
+/// time. Only a connection the runtime saw become readable is read: one byte, peeked.
 fn still_open(s: &TcpStream) -> bool {
-    let mut cx = Context::from_waker(Waker::noop());
-    match s.poll_read_ready(&mut cx) {
-        Poll::Pending => true,
-        Poll::Ready(Err(_)) => false,
-        Poll::Ready(Ok(())) => {
-            let mut b = [0u8; 1];
-            // WouldBlock clears the stale readiness; anything else means closed or garbage.
-            matches!(s.try_read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
-        }
-    }
+    let peeked = s.try_io(tokio::io::Interest::READABLE, || {
+        let mut b = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+        socket2::SockRef::from(s).peek(&mut b)
+    });
+    // WouldBlock (nothing cached, or a stale readiness the failed read cleared): open.
+    // Anything read (stray bytes), the peer's close (0) or an error: not usable.
+    matches!(peeked, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
 }
 
 #[cfg(test)]
