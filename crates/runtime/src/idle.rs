@@ -42,11 +42,15 @@ pub enum Wait {
 /// finds nothing.
 ///
 /// The deadline is kept in the connection's own `timer` ([`WaitTimer`]), set for this wait.
+/// `shutdown` is watched when given; a connection listed in a
+/// [`WaitingClients`](crate::shed::WaitingClients) passes none, since shutting down closes the
+/// list's waits ([`close_all`](crate::shed::WaitingClients::close_all)), which spares each wait
+/// registering with the process-wide signal and leaving it again.
 pub async fn wait_for_bytes(
     stream: &TcpStream,
     buf: &mut BytesMut,
     until: Instant,
-    shutdown: &mut watch::Receiver<bool>,
+    mut shutdown: Option<&mut watch::Receiver<bool>>,
     timer: &mut WaitTimer,
 ) -> Wait {
     timer.set(until);
@@ -57,7 +61,12 @@ pub async fn wait_for_bytes(
             r = stream.readable() => if r.is_err() {
                 return Wait::Failed;
             },
-            _ = shutdown.changed() => return Wait::Shutdown,
+            Some(_) = async {
+                match shutdown.as_deref_mut() {
+                    Some(s) => Some(s.changed().await),
+                    None => std::future::pending().await,
+                }
+            } => return Wait::Shutdown,
             () = timer.due() => return Wait::TimedOut,
         }
         match read_draining(stream, buf, READ_ROOM) {

@@ -69,6 +69,15 @@ pub trait ClientConn: Send {
         None
     }
 
+    /// Whether the process, when it stops, ends the waits of [`Self::waiting_list`] itself
+    /// ([`WaitingClients::close_all`], after setting the shutdown signal): a listed
+    /// connection's wait then does not watch the signal (registering with it and leaving it
+    /// again cost every wait two locks of a process-wide list). Not for a connection that may
+    /// still be moved to another host as it drains: closing its reading side would go with it.
+    fn list_closed_at_shutdown(&self) -> bool {
+        false
+    }
+
     /// The connection's listing in [`Self::waiting_list`] made when it last wrote an answer
     /// ([`WaitingClients::enter`]), taken out for the wait that follows. None: it is listed
     /// when it begins to wait.
@@ -218,6 +227,7 @@ pub async fn next_head_or_park<C: ClientConn>(
         if let Some(t) = c.take_ticket() {
             ticket = Some(t);
         }
+        let by_list = c.list_closed_at_shutdown();
         let p = c.parts();
         if p.buf.is_empty() {
             if *p.shutdown.borrow() {
@@ -244,6 +254,12 @@ pub async fn next_head_or_park<C: ClientConn>(
                 crate::spare::give_bytes(std::mem::take(buf));
                 let Ok(stream) = stream.registered() else {
                     return Err(HeadEnd::Broken);
+                };
+                // A listed connection's wait may be ended at shutdown by its list.
+                let shutdown = if ticket.is_some() && by_list {
+                    None
+                } else {
+                    Some(shutdown)
                 };
                 wait_for_bytes(stream, buf, park_at.unwrap_or(until), shutdown, timer)
             };

@@ -76,6 +76,19 @@ impl WaitingClients {
         true
     }
 
+    /// End the wait of every listed connection as [`Self::shed_oldest`] ends one (not counted
+    /// as shed): at shutdown, once the stop signal is set. A connection that enters the list
+    /// after this call sees the stop signal when it checks it before its wait, so the waits
+    /// themselves need not watch the signal
+    /// ([`ClientConn::list_closed_at_shutdown`](crate::request::ClientConn::list_closed_at_shutdown)).
+    pub fn close_all(&self) {
+        let waiting = self.lock();
+        for &fd in waiting.values() {
+            // SAFETY: as in `shed_oldest`, a listed connection's socket is still open.
+            unsafe { libc::shutdown(fd, libc::SHUT_RD) };
+        }
+    }
+
     /// Resolves once a connection begins to wait after this future is enabled
     /// ([`Notified::enable`]) or first polled: enable it, then try [`Self::shed_oldest`], and
     /// no entry can slip in between unnoticed.
@@ -120,7 +133,7 @@ impl Drop for Waiting {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Read;
+    use std::io::{Read, Write};
     use std::os::fd::AsRawFd;
 
     fn pair() -> (std::net::TcpStream, std::net::TcpStream) {
@@ -158,6 +171,31 @@ mod tests {
         a.set_nonblocking(true).unwrap();
         assert_eq!(
             a.read(&mut [0u8; 8]).unwrap_err().kind(),
+            std::io::ErrorKind::WouldBlock
+        );
+    }
+
+    /// At shutdown every listed connection reads its end (after what it had received), none
+    /// is counted as shed, and a connection not listed is left alone.
+    #[test]
+    fn close_all_ends_every_listed_wait() {
+        let list = WaitingClients::new();
+        let (mut a, mut ca) = pair();
+        let (mut b, _cb) = pair();
+        let (mut c, _cc) = pair();
+        ca.write_all(b"GET").unwrap();
+        let ta = list.enter(a.as_raw_fd());
+        let tb = list.enter(b.as_raw_fd());
+        list.close_all();
+        assert_eq!(list.shed_count(), 0);
+        let mut got = [0u8; 8];
+        assert_eq!(a.read(&mut got).unwrap(), 3);
+        assert_eq!(a.read(&mut got).unwrap(), 0);
+        assert_eq!(b.read(&mut got).unwrap(), 0);
+        drop((ta, tb));
+        c.set_nonblocking(true).unwrap();
+        assert_eq!(
+            c.read(&mut got).unwrap_err().kind(),
             std::io::ErrorKind::WouldBlock
         );
     }

@@ -292,6 +292,8 @@ impl RunningSwitch {
     /// is left.
     pub async fn shutdown(self, grace: Duration) {
         let _ = self.stop.send(true);
+        // Idle connections end now (after the signal: see `close_all`).
+        self.shared.waiting.close_all();
         for t in &self.tasks {
             t.abort();
         }

@@ -888,6 +888,11 @@ impl ClientConn for Client {
         self.listed.take()
     }
 
+    /// `Switch::shutdown` closes the waiting list after the stop signal.
+    fn list_closed_at_shutdown(&self) -> bool {
+        true
+    }
+
     /// Written at once, with the send timeout of the generation serving the request.
     async fn send_continue(&mut self) -> io::Result<()> {
         self.answering();
