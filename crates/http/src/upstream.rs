@@ -366,47 +366,38 @@ pub fn forward_request_head(
     // One allocation for the whole head (what is added is at most a few dozen bytes), not a
     // growth step every few lines.
     out.reserve(head.len() + forwarded_for.map_or(0, |ip| ip.len() + 64) + 64);
+    let mut xff: Option<Vec<u8>> = None;
     if plain {
         // Nothing to drop and no X-Forwarded-For to extend: the head up to its blank line.
         debug_assert!(head.ends_with(b"\n"));
         let end = head.len() - if head.ends_with(b"\r\n") { 2 } else { 1 };
         out.extend_from_slice(&head[..end]);
-        if let Some(ip) = forwarded_for {
-            out.extend_from_slice(b"X-Forwarded-For: ");
-            out.extend_from_slice(ip.as_bytes());
+    } else {
+        let options = connection_options(head);
+        let mut it = lines(head);
+        if let Some(first) = it.next() {
+            out.extend_from_slice(first);
             out.extend_from_slice(b"\r\n");
         }
-        if http10 {
-            out.extend_from_slice(b"Connection: keep-alive\r\n");
-        }
-        out.extend_from_slice(b"\r\n");
-        return;
-    }
-    let options = connection_options(head);
-    let mut xff: Option<Vec<u8>> = None;
-    let mut it = lines(head);
-    if let Some(first) = it.next() {
-        out.extend_from_slice(first);
-        out.extend_from_slice(b"\r\n");
-    }
-    for l in it {
-        let name = name_of(l);
-        if dropped(name, &options) {
-            continue;
-        }
-        if forwarded_for.is_some() && name.eq_ignore_ascii_case(b"x-forwarded-for") {
-            let v = value_of(l);
-            match &mut xff {
-                Some(x) => {
-                    x.extend_from_slice(b", ");
-                    x.extend_from_slice(v);
-                }
-                None => xff = Some(v.to_vec()),
+        for l in it {
+            let name = name_of(l);
+            if dropped(name, &options) {
+                continue;
             }
-            continue;
+            if forwarded_for.is_some() && name.eq_ignore_ascii_case(b"x-forwarded-for") {
+                let v = value_of(l);
+                match &mut xff {
+                    Some(x) => {
+                        x.extend_from_slice(b", ");
+                        x.extend_from_slice(v);
+                    }
+                    None => xff = Some(v.to_vec()),
+                }
+                continue;
+            }
+            out.extend_from_slice(l);
+            out.extend_from_slice(b"\r\n");
         }
-        out.extend_from_slice(l);
-        out.extend_from_slice(b"\r\n");
     }
     if let Some(ip) = forwarded_for {
         out.extend_from_slice(b"X-Forwarded-For: ");

@@ -35,50 +35,71 @@ thread_local! {
     };
 }
 
-/// An empty read buffer, with room if one was given back on this thread.
-pub fn take_bytes() -> BytesMut {
+/// What the two kinds of buffer have in common here.
+trait Buffer: Default {
+    fn room(&self) -> usize;
+    fn empty(&mut self);
+}
+
+impl Buffer for BytesMut {
+    fn room(&self) -> usize {
+        self.capacity()
+    }
+    fn empty(&mut self) {
+        self.clear()
+    }
+}
+
+impl Buffer for Vec<u8> {
+    fn room(&self) -> usize {
+        self.capacity()
+    }
+    fn empty(&mut self) {
+        self.clear()
+    }
+}
+
+fn take<B: Buffer>(list: fn(&mut Spare) -> &mut Vec<B>) -> B {
     SPARE
-        .try_with(|s| s.borrow_mut().bytes.pop())
+        .try_with(|s| list(&mut s.borrow_mut()).pop())
         .ok()
         .flatten()
         .unwrap_or_default()
 }
 
-/// Keep `b`'s memory for the next [`take_bytes`] on this thread (its content is dropped).
-pub fn give_bytes(mut b: BytesMut) {
-    if b.capacity() == 0 || b.capacity() > MAX_CAPACITY {
+fn give<B: Buffer>(mut b: B, list: fn(&mut Spare) -> &mut Vec<B>) {
+    if b.room() == 0 || b.room() > MAX_CAPACITY {
         return;
     }
-    b.clear();
+    b.empty();
+    // (At thread exit the list is gone: the buffer is freed.)
     let _ = SPARE.try_with(|s| {
         let mut s = s.borrow_mut();
-        if s.bytes.len() < KEEP {
-            s.bytes.push(b);
+        let l = list(&mut s);
+        if l.len() < KEEP {
+            l.push(b);
         }
     });
+}
+
+/// An empty read buffer, with room if one was given back on this thread.
+pub fn take_bytes() -> BytesMut {
+    take(|s| &mut s.bytes)
+}
+
+/// Keep `b`'s memory for the next [`take_bytes`] on this thread (its content is dropped).
+pub fn give_bytes(b: BytesMut) {
+    give(b, |s| &mut s.bytes)
 }
 
 /// An empty output buffer, with room if one was given back on this thread.
 pub fn take_vec() -> Vec<u8> {
-    SPARE
-        .try_with(|s| s.borrow_mut().vecs.pop())
-        .ok()
-        .flatten()
-        .unwrap_or_default()
+    take(|s| &mut s.vecs)
 }
 
 /// Keep `v`'s memory for the next [`take_vec`] on this thread (its content is dropped).
-pub fn give_vec(mut v: Vec<u8>) {
-    if v.capacity() == 0 || v.capacity() > MAX_CAPACITY {
-        return;
-    }
-    v.clear();
-    let _ = SPARE.try_with(|s| {
-        let mut s = s.borrow_mut();
-        if s.vecs.len() < KEEP {
-            s.vecs.push(v);
-        }
-    });
+pub fn give_vec(v: Vec<u8>) {
+    give(v, |s| &mut s.vecs)
 }
 
 #[cfg(test)]

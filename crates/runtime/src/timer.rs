@@ -54,6 +54,14 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// Wait on `t` until `until`, which must come first.
+    async fn not_due_before(t: &mut WaitTimer, until: Instant) {
+        tokio::select! {
+            () = t.due() => panic!("came due before its deadline"),
+            () = sleep_until(until) => {}
+        }
+    }
+
     /// On a virtual clock: the timer comes due at each deadline set, later or earlier than
     /// the one it holds, whether that one came due or a wait ended before it; never set, it
     /// never comes due.
@@ -62,10 +70,7 @@ mod tests {
         let start = Instant::now();
         let at = |secs| start + Duration::from_secs(secs);
         let mut t = WaitTimer::new();
-        tokio::select! {
-            () = t.due() => panic!("a timer never set came due"),
-            () = sleep_until(at(100)) => {}
-        }
+        not_due_before(&mut t, at(100)).await;
         // First set; then later, after it came due.
         for due in [110, 120] {
             t.set(at(due));
@@ -74,19 +79,13 @@ mod tests {
         }
         // A wait that ends first leaves it set for 150; set earlier, it comes due at 140.
         t.set(at(150));
-        tokio::select! {
-            () = t.due() => panic!("came due before its deadline"),
-            () = sleep_until(at(130)) => {}
-        }
+        not_due_before(&mut t, at(130)).await;
         t.set(at(140));
         t.due().await;
         assert_eq!(Instant::now(), at(140));
         // Left set for 200, then set later (moved, not filed again): due at 210, not 200.
         t.set(at(200));
-        tokio::select! {
-            () = t.due() => panic!("came due before its deadline"),
-            () = sleep_until(at(170)) => {}
-        }
+        not_due_before(&mut t, at(170)).await;
         t.set(at(210));
         t.due().await;
         assert_eq!(Instant::now(), at(210));
