@@ -101,8 +101,8 @@ pub fn parse(
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut r = httparse::Response::new(&mut headers);
     // httparse takes a bare LF as a line end; a peer that does not would frame the response
-    // differently, so it is refused: counted in a head parsed whole, else scanned for line by
-    // line (refused as soon as it arrives, before any other fault).
+    // differently, so it is refused: looked for in one pass over a head parsed whole, else
+    // line by line (refused as soon as it arrives, before any other fault).
     const BARE_LF: ResponseError = ResponseError::Malformed("bare LF in the response head");
     let head_len = match r.parse(buf) {
         Ok(httparse::Status::Complete(n)) if crate::request::parsed_head_has_bare_lf(&buf[..n]) => {
@@ -368,10 +368,10 @@ pub fn forward_request_head(
     out.reserve(head.len() + forwarded_for.map_or(0, |ip| ip.len() + 64) + 64);
     let mut xff: Option<Vec<u8>> = None;
     if plain {
-        // Nothing to drop and no X-Forwarded-For to extend: the head up to its blank line.
-        debug_assert!(head.ends_with(b"\n"));
-        let end = head.len() - if head.ends_with(b"\r\n") { 2 } else { 1 };
-        out.extend_from_slice(&head[..end]);
+        // Nothing to drop and no X-Forwarded-For to extend: the head up to its blank line
+        // (which ends in CRLF: the parse refuses a bare LF).
+        debug_assert!(head.ends_with(b"\r\n\r\n"));
+        out.extend_from_slice(&head[..head.len() - 2]);
     } else {
         let options = connection_options(head);
         let mut it = lines(head);
