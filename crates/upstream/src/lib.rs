@@ -24,11 +24,13 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
 
 use bytes::BytesMut;
 use thiserror::Error;
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::{timeout, Instant};
 
@@ -214,13 +216,19 @@ impl Connection {
         } = self;
         // The timer is set only when the read has to wait.
         let mut armed = false;
-        std::future::poll_fn(|cx| loop {
-            match stream.poll_read_ready(cx) {
-                Poll::Ready(Ok(())) => match stream.try_read_buf(buf) {
-                    // A read that finds nothing clears the readiness: ask again.
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                    r => return Poll::Ready(r),
-                },
+        std::future::poll_fn(|cx| {
+            // Through `AsyncRead`, whose read clears the cached readiness when it comes back
+            // short (the socket is drained). `try_read_buf` would leave it set, and the pool's
+            // check of this connection at its next checkout would pay a system call to learn
+            // that nothing is there.
+            let mut space = ReadBuf::uninit(buf.spare_capacity_mut());
+            match Pin::new(&mut *stream).poll_read(cx, &mut space) {
+                Poll::Ready(Ok(())) => {
+                    let n = space.filled().len();
+                    // SAFETY: `poll_read` initialised the first `n` bytes of the spare capacity.
+                    unsafe { buf.set_len(buf.len() + n) };
+                    return Poll::Ready(Ok(n));
+                }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => {}
             }
@@ -228,10 +236,10 @@ impl Connection {
                 timer.set(until);
                 armed = true;
             }
-            return match timer.poll_due(cx) {
+            match timer.poll_due(cx) {
                 Poll::Ready(()) => Poll::Ready(Err(io::ErrorKind::TimedOut.into())),
                 Poll::Pending => Poll::Pending,
-            };
+            }
         })
         .await
     }

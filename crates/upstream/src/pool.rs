@@ -276,6 +276,38 @@ mod tests {
         assert_eq!(pool.idle(), 0);
     }
 
+    /// A connection whose last read drained its socket (it came back short) is checked at its
+    /// checkout from the cached readiness alone, with no system call; a close that comes
+    /// later sets the readiness again and is seen.
+    #[tokio::test]
+    async fn a_drained_connection_is_checked_without_a_system_call() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let pool = Pool::new(8, 8);
+        let mut c = crate::connect(addr, LIMIT).await.unwrap();
+        let (mut s, _) = l.accept().await.unwrap();
+        s.write_all(b"HTTP/1.1").await.unwrap();
+        let until = tokio::time::Instant::now() + LIMIT;
+        assert_eq!(c.read_more(until).await.unwrap(), 8);
+        c.buf.clear();
+        let mut tried = false;
+        let r = c.stream().try_io(tokio::io::Interest::READABLE, || {
+            tried = true;
+            Err::<(), _>(std::io::ErrorKind::WouldBlock.into())
+        });
+        assert!(r.is_err());
+        assert!(
+            !tried,
+            "a short read leaves the readiness set: the check would peek"
+        );
+        assert!(pool.put(c));
+        let c = pool.take(addr).expect("an open connection is reused");
+        drop(s);
+        c.stream().readable().await.unwrap();
+        assert!(pool.put(c));
+        assert!(pool.take(addr).is_none(), "the peer's close is seen");
+    }
+
     /// The limits hold per thread and peer and over the whole pool.
     #[tokio::test]
     async fn limits_are_kept() {
