@@ -13,9 +13,12 @@
 //! connection that has answered, from its last write of that answer.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
 use tokio::sync::futures::Notified;
 use tokio::sync::Notify;
@@ -33,8 +36,12 @@ pub struct WaitingClients {
     waiting: Mutex<BTreeMap<u64, RawFd>>,
     next: AtomicU64,
     shed: AtomicU64,
-    /// Woken whenever a connection begins to wait.
+    /// Woken whenever a connection begins to wait, while anyone watches ([`Self::entered`]).
     entered: Notify,
+    /// [`Entered`] futures alive. A connection that begins to wait wakes them only when there
+    /// are any: `Notify::notify_waiters` takes a lock that every thread would otherwise share
+    /// at every wait of every connection, and someone watches only while shedding.
+    watchers: AtomicUsize,
 }
 
 impl WaitingClients {
@@ -55,7 +62,11 @@ impl WaitingClients {
     pub fn enter(self: &Arc<Self>, fd: RawFd) -> Waiting {
         let seq = self.next.fetch_add(1, Relaxed);
         self.lock().insert(seq, fd);
-        self.entered.notify_waiters();
+        // A watcher counted after this load locks the list after the insert (it counts itself
+        // before it looks), so it sees this entry; one counted before is woken here.
+        if self.watchers.load(SeqCst) != 0 {
+            self.entered.notify_waiters();
+        }
         Waiting {
             list: self.clone(),
             seq,
@@ -92,8 +103,13 @@ impl WaitingClients {
     /// Resolves once a connection begins to wait after this future is enabled
     /// ([`Notified::enable`]) or first polled: enable it, then try [`Self::shed_oldest`], and
     /// no entry can slip in between unnoticed.
-    pub fn entered(&self) -> Notified<'_> {
-        self.entered.notified()
+    pub fn entered(&self) -> Entered<'_> {
+        self.watchers.fetch_add(1, SeqCst);
+        Entered {
+            // Boxed to keep `Entered` movable: made only while shedding, and in tests.
+            notified: Box::pin(self.entered.notified()),
+            list: self,
+        }
     }
 
     /// Connections waiting now.
@@ -114,6 +130,34 @@ impl WaitingClients {
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, RawFd>> {
         // The map stays consistent whatever panicked while holding it.
         self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Resolves once a connection begins to wait: [`WaitingClients::entered`].
+#[derive(Debug)]
+pub struct Entered<'a> {
+    notified: Pin<Box<Notified<'a>>>,
+    list: &'a WaitingClients,
+}
+
+impl Entered<'_> {
+    /// Count as waiting from now on, before the first poll ([`Notified::enable`]).
+    pub fn enable(mut self: Pin<&mut Self>) {
+        self.notified.as_mut().enable();
+    }
+}
+
+impl Future for Entered<'_> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.notified.as_mut().poll(cx)
+    }
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        self.list.watchers.fetch_sub(1, SeqCst);
     }
 }
 
@@ -173,6 +217,42 @@ mod tests {
             a.read(&mut [0u8; 8]).unwrap_err().kind(),
             std::io::ErrorKind::WouldBlock
         );
+    }
+
+    /// Every watcher enabled before an entry is woken by it, and counts only while it lives
+    /// (an entry with nobody watching does not touch the notification's lock).
+    #[tokio::test]
+    async fn watchers_are_woken_by_the_next_entry_and_counted_while_they_live() {
+        let list = WaitingClients::new();
+        let (a, _ca) = pair();
+        let ta = list.enter(a.as_raw_fd());
+        assert_eq!(list.watchers.load(SeqCst), 0);
+        let first = list.entered();
+        let second = list.entered();
+        tokio::pin!(first, second);
+        first.as_mut().enable();
+        second.as_mut().enable();
+        assert_eq!(list.watchers.load(SeqCst), 2);
+        let ready = |f: Pin<&mut Entered<'_>>| {
+            let waker = std::task::Waker::noop();
+            f.poll(&mut Context::from_waker(waker)).is_ready()
+        };
+        // An entry made before the watchers does not wake them.
+        assert!(!ready(first.as_mut()));
+        let (b, _cb) = pair();
+        let tb = list.enter(b.as_raw_fd());
+        assert!(ready(first.as_mut()));
+        assert!(ready(second.as_mut()));
+        drop((ta, tb));
+    }
+
+    #[test]
+    fn dropped_watchers_are_uncounted() {
+        let list = WaitingClients::new();
+        let e = list.entered();
+        assert_eq!(list.watchers.load(SeqCst), 1);
+        drop(e);
+        assert_eq!(list.watchers.load(SeqCst), 0);
     }
 
     /// At shutdown every listed connection reads its end (after what it had received), none
