@@ -198,12 +198,20 @@ pub(crate) trait Router: Send {
     fn steered(&self) -> bool {
         false
     }
+
+    /// Whether a connection with this router stays on this host for good. The node's shutdown
+    /// then ends its waits on its client itself ([`WaitingClients::close_all`]), and the
+    /// waits need not watch the stop signal. One that may still move elsewhere as it drains
+    /// keeps watching the signal: its closed reading side would go with it.
+    const STAYS: bool = false;
 }
 
 /// The router of an ordinary accepted connection: there is none.
 pub(crate) enum Unrouted {}
 
 impl Router for Unrouted {
+    const STAYS: bool = true;
+
     fn asks(&self) -> bool {
         match *self {}
     }
@@ -530,6 +538,10 @@ impl<R: Router> ClientConn for Conn<'_, R> {
 
     fn take_ticket(&mut self) -> Option<Waiting> {
         self.listed.take()
+    }
+
+    fn list_closed_at_shutdown(&self) -> bool {
+        self.ends_at_shutdown()
     }
 }
 
@@ -1286,16 +1298,17 @@ impl<R: Router> Conn<'_, R> {
 
     /// [`Self::write_out`], with `body` sent behind `out` in the same system call.
     async fn write_out_with(&mut self, body: &[u8], more: bool) -> io::Result<()> {
+        let at_shutdown = self.ends_at_shutdown();
         let (waiting, listed, fd) = (&self.ctx.waiting, &mut self.listed, self.stream.raw_fd());
         let lazy = self.closing || (self.out.is_empty() && body.is_empty());
         if !lazy {
-            *listed = Some(waiting.enter(fd));
+            *listed = Some(waiting.enter(fd, at_shutdown));
         }
         let until = tokio::time::Instant::now() + self.ctx.send_timeout;
         let parts = [&self.out[..], body];
         let (done, sent) = send_to_client_or_wait(&mut self.stream, &parts, more, until, || {
             if lazy {
-                *listed = Some(waiting.enter(fd));
+                *listed = Some(waiting.enter(fd, at_shutdown));
             }
         })
         .await;
@@ -1318,6 +1331,13 @@ impl<R: Router> Conn<'_, R> {
         Ok(())
     }
 
+    /// Whether a listing made now may be ended by the node's shutdown
+    /// ([`WaitingClients::close_all`]): the connection stays on this host, and nothing of a
+    /// next request has been read (a client part-way through one may finish it).
+    fn ends_at_shutdown(&self) -> bool {
+        R::STAYS && self.buf.is_empty()
+    }
+
     /// Send `len` bytes of `file` from `offset` with sendfile(2).
     async fn sendfile(&mut self, file: &File, offset: u64, len: u64) -> io::Result<()> {
         let mut off = offset as i64;
@@ -1325,7 +1345,11 @@ impl<R: Router> Conn<'_, R> {
         let until = tokio::time::Instant::now() + self.ctx.send_timeout;
         while left > 0 {
             if !self.closing {
-                self.listed = Some(self.ctx.waiting.enter(self.stream.raw_fd()));
+                self.listed = Some(
+                    self.ctx
+                        .waiting
+                        .enter(self.stream.raw_fd(), self.ends_at_shutdown()),
+                );
             }
             let sent = self.stream.now(tokio::io::Interest::WRITABLE, |to| {
                 let chunk = left.min(1 << 30) as usize;
@@ -1350,7 +1374,11 @@ impl<R: Router> Conn<'_, R> {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if self.closing {
-                        self.listed = Some(self.ctx.waiting.enter(self.stream.raw_fd()));
+                        self.listed = Some(
+                            self.ctx
+                                .waiting
+                                .enter(self.stream.raw_fd(), self.ends_at_shutdown()),
+                        );
                     }
                     // The first wait registers a bare socket.
                     if timeout_at(until, self.stream.registered()?.writable())
@@ -1390,7 +1418,11 @@ impl<R: Router> Conn<'_, R> {
 
     /// Write all of `bytes`, with MSG_MORE when `more` follows.
     async fn send_bytes(&mut self, bytes: &[u8], more: bool) -> io::Result<()> {
-        self.listed = Some(self.ctx.waiting.enter(self.stream.raw_fd()));
+        self.listed = Some(
+            self.ctx
+                .waiting
+                .enter(self.stream.raw_fd(), self.ends_at_shutdown()),
+        );
         let until = tokio::time::Instant::now() + self.ctx.send_timeout;
         let (done, sent) = send_to_client(&mut self.stream, bytes, more, until).await;
         self.stats.bytes += done as u64;
@@ -1415,7 +1447,8 @@ impl<R: Router> Conn<'_, R> {
     /// ([`Router::steered`]) waits for the client's close up to the send timeout.
     async fn linger(&mut self) {
         // It waits on its client now (a closing connection's answer may have left unlisted).
-        self.listed = Some(self.ctx.waiting.enter(self.stream.raw_fd()));
+        // Its lingering is not cut short at shutdown: it ends soon by itself.
+        self.listed = Some(self.ctx.waiting.enter(self.stream.raw_fd(), false));
         let until = tokio::time::Instant::now()
             + if self.steered() {
                 self.ctx.send_timeout

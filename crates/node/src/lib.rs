@@ -113,6 +113,9 @@ pub struct RunningNode {
     rescue: Option<Arc<rescue::RescueProxy>>,
     driver: Option<Arc<switchyard_rescue_driver::Driver>>,
     parkings: Arc<std::sync::Mutex<Vec<Parking<Held>>>>,
+    /// Connections waiting on their clients: those that stay here are ended by it at
+    /// shutdown.
+    waiting: Arc<WaitingClients>,
 }
 
 impl RunningNode {
@@ -193,6 +196,8 @@ impl RunningNode {
     /// socket's file is removed.
     pub async fn shutdown(self, grace: Duration) {
         let _ = self.stop.send(true);
+        // Idle connections that stay here end now (after the signal: see `close_all`).
+        self.waiting.close_all();
         for t in &self.tasks {
             t.abort();
         }
@@ -342,6 +347,7 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
         }
         None => None,
     };
+    let waiting = WaitingClients::new();
     let ctx = Arc::new(Ctx {
         limits: limits(&cfg),
         store: store.clone(),
@@ -349,7 +355,7 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
         header_timeout: Duration::from_millis(cfg.header_timeout_ms),
         idle_timeout: Duration::from_millis(cfg.idle_timeout_ms),
         send_timeout: Duration::from_millis(cfg.send_timeout_ms),
-        waiting: WaitingClients::new(),
+        waiting: waiting.clone(),
         replication,
         rescue: rescue.clone(),
         traffic: driver.as_ref().map(|d| d.traffic()),
@@ -591,6 +597,7 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
         rescue,
         driver,
         parkings,
+        waiting,
     })
 }
 

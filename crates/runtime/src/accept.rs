@@ -352,7 +352,7 @@ mod tests {
         assert_eq!(waiting.shed_count(), 0);
         // The admitted connection begins to wait: it is shed (its input ends) and its slot
         // awaited.
-        let ticket = waiting.enter(slow.as_raw_fd());
+        let ticket = waiting.enter(slow.as_raw_fd(), true);
         assert!(tokio::time::timeout(SHED_WAIT / 4, &mut room)
             .await
             .is_err());

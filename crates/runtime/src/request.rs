@@ -220,7 +220,8 @@ pub async fn next_head_or_park<C: ClientConn>(
         // client reads slowly waits on that client just as well.
         if ticket.is_none() {
             let fd = c.parts().stream.raw_fd();
-            ticket = c.waiting_list().map(|l| l.enter(fd));
+            let at_shutdown = c.list_closed_at_shutdown();
+            ticket = c.waiting_list().map(|l| l.enter(fd, at_shutdown));
         }
         c.before_wait().await.map_err(|_| HeadEnd::Broken)?;
         // Listed again by what that wrote: the wait counts from there.
@@ -273,6 +274,10 @@ pub async fn next_head_or_park<C: ClientConn>(
                 Wait::Failed => return Err(HeadEnd::Broken),
             }
             continue;
+        }
+        // Part of a head is here: the client may finish it even if the process stops now.
+        if let Some(t) = ticket.as_mut() {
+            t.keep_at_shutdown();
         }
         let until = *deadline.get_or_insert_with(|| Instant::now() + w.header);
         let filled = {

@@ -33,7 +33,7 @@ use tokio::sync::Notify;
 /// socket, so the descriptor shut down is always the listed connection's own.
 #[derive(Debug, Default)]
 pub struct WaitingClients {
-    waiting: Mutex<BTreeMap<u64, RawFd>>,
+    waiting: Mutex<BTreeMap<u64, Listed>>,
     next: AtomicU64,
     shed: AtomicU64,
     /// Woken whenever a connection begins to wait, while anyone watches ([`Self::entered`]).
@@ -51,7 +51,8 @@ impl WaitingClients {
     }
 
     /// List the connection whose socket is `fd` as it begins to wait on its client; it leaves
-    /// the list when the ticket drops, which must happen before the socket is closed.
+    /// the list when the ticket drops, which must happen before the socket is closed. With
+    /// `closed_at_shutdown`, [`Self::close_all`] ends its wait (see there).
     ///
     /// A connection that answers a request enters as it writes the answer and keeps the
     /// ticket for its next wait ([`crate::request::ClientConn::take_ticket`]): its client may
@@ -59,9 +60,15 @@ impl WaitingClients {
     /// arrives, while the connection's task may run again only much later on a busy host.
     /// Entering again at each write keeps a connection whose client reads a long answer at
     /// the back of the order.
-    pub fn enter(self: &Arc<Self>, fd: RawFd) -> Waiting {
+    pub fn enter(self: &Arc<Self>, fd: RawFd, closed_at_shutdown: bool) -> Waiting {
         let seq = self.next.fetch_add(1, Relaxed);
-        self.lock().insert(seq, fd);
+        self.lock().insert(
+            seq,
+            Listed {
+                fd,
+                closed_at_shutdown,
+            },
+        );
         // A watcher counted after this load locks the list after the insert (it counts itself
         // before it looks), so it sees this entry; one counted before is woken here.
         if self.watchers.load(SeqCst) != 0 {
@@ -70,13 +77,14 @@ impl WaitingClients {
         Waiting {
             list: self.clone(),
             seq,
+            closed_at_shutdown,
         }
     }
 
     /// Shed the connection that has waited longest; false if none is waiting.
     pub fn shed_oldest(&self) -> bool {
         let mut waiting = self.lock();
-        let Some((_, fd)) = waiting.pop_first() else {
+        let Some((_, Listed { fd, .. })) = waiting.pop_first() else {
             return false;
         };
         // SAFETY: the listed connection has not dropped its ticket (it would have left the
@@ -87,16 +95,18 @@ impl WaitingClients {
         true
     }
 
-    /// End the wait of every listed connection as [`Self::shed_oldest`] ends one (not counted
-    /// as shed): at shutdown, once the stop signal is set. A connection that enters the list
-    /// after this call sees the stop signal when it checks it before its wait, so the waits
-    /// themselves need not watch the signal
+    /// End the wait of every connection listed `closed_at_shutdown` as [`Self::shed_oldest`]
+    /// ends one (not counted as shed): at shutdown, once the stop signal is set. A connection
+    /// that enters the list after this call sees the stop signal when it checks it before its
+    /// wait, so the waits themselves need not watch the signal
     /// ([`ClientConn::list_closed_at_shutdown`](crate::request::ClientConn::list_closed_at_shutdown)).
+    /// The others (connections that may yet move to another host, where their closed reading
+    /// side would go with them) are left to watch the signal.
     pub fn close_all(&self) {
         let waiting = self.lock();
-        for &fd in waiting.values() {
+        for Listed { fd, .. } in waiting.values().filter(|l| l.closed_at_shutdown) {
             // SAFETY: as in `shed_oldest`, a listed connection's socket is still open.
-            unsafe { libc::shutdown(fd, libc::SHUT_RD) };
+            unsafe { libc::shutdown(*fd, libc::SHUT_RD) };
         }
     }
 
@@ -127,10 +137,17 @@ impl WaitingClients {
         self.shed.load(Relaxed)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, RawFd>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Listed>> {
         // The map stays consistent whatever panicked while holding it.
         self.waiting.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// A connection in [`WaitingClients`].
+#[derive(Debug)]
+struct Listed {
+    fd: RawFd,
+    closed_at_shutdown: bool,
 }
 
 /// Resolves once a connection begins to wait: [`WaitingClients::entered`].
@@ -166,6 +183,21 @@ impl Drop for Entered<'_> {
 pub struct Waiting {
     list: Arc<WaitingClients>,
     seq: u64,
+    closed_at_shutdown: bool,
+}
+
+impl Waiting {
+    /// Leave the connection to the stop signal from now on: part of its client's next
+    /// request has arrived, and the client may finish it ([`WaitingClients::close_all`]
+    /// passes it by). A shutdown that came before this call has ended the wait already, as
+    /// it ends any wait that was idle when it began.
+    pub fn keep_at_shutdown(&mut self) {
+        if std::mem::take(&mut self.closed_at_shutdown) {
+            if let Some(l) = self.list.lock().get_mut(&self.seq) {
+                l.closed_at_shutdown = false;
+            }
+        }
+    }
 }
 
 impl Drop for Waiting {
@@ -192,13 +224,13 @@ mod tests {
         let (mut a, _ca) = pair();
         let (mut b, _cb) = pair();
         let (mut c, _cc) = pair();
-        let ta = list.enter(a.as_raw_fd());
-        let tb = list.enter(b.as_raw_fd());
-        let tc = list.enter(c.as_raw_fd());
+        let ta = list.enter(a.as_raw_fd(), true);
+        let tb = list.enter(b.as_raw_fd(), true);
+        let tc = list.enter(c.as_raw_fd(), true);
         assert_eq!(list.len(), 3);
         // `a` was served in between: it waits again, now as the newest.
         drop(ta);
-        let ta = list.enter(a.as_raw_fd());
+        let ta = list.enter(a.as_raw_fd(), true);
         assert!(list.shed_oldest());
         // A shed socket reads as closed by its client.
         assert_eq!(b.read(&mut [0u8; 8]).unwrap(), 0);
@@ -225,7 +257,7 @@ mod tests {
     async fn watchers_are_woken_by_the_next_entry_and_counted_while_they_live() {
         let list = WaitingClients::new();
         let (a, _ca) = pair();
-        let ta = list.enter(a.as_raw_fd());
+        let ta = list.enter(a.as_raw_fd(), true);
         assert_eq!(list.watchers.load(SeqCst), 0);
         let first = list.entered();
         let second = list.entered();
@@ -240,7 +272,7 @@ mod tests {
         // An entry made before the watchers does not wake them.
         assert!(!ready(first.as_mut()));
         let (b, _cb) = pair();
-        let tb = list.enter(b.as_raw_fd());
+        let tb = list.enter(b.as_raw_fd(), true);
         assert!(ready(first.as_mut()));
         assert!(ready(second.as_mut()));
         drop((ta, tb));
@@ -255,17 +287,23 @@ mod tests {
         assert_eq!(list.watchers.load(SeqCst), 0);
     }
 
-    /// At shutdown every listed connection reads its end (after what it had received), none
-    /// is counted as shed, and a connection not listed is left alone.
+    /// At shutdown every connection listed to be closed then reads its end (after what it
+    /// had received), none is counted as shed, and one not listed, listed to be left to the
+    /// stop signal, or kept since, is left alone (and can still be shed).
     #[test]
-    fn close_all_ends_every_listed_wait() {
+    fn close_all_ends_every_wait_listed_to_end_at_shutdown() {
         let list = WaitingClients::new();
         let (mut a, mut ca) = pair();
         let (mut b, _cb) = pair();
         let (mut c, _cc) = pair();
+        let (mut d, _cd) = pair();
+        let (mut e, _ce) = pair();
         ca.write_all(b"GET").unwrap();
-        let ta = list.enter(a.as_raw_fd());
-        let tb = list.enter(b.as_raw_fd());
+        let ta = list.enter(a.as_raw_fd(), true);
+        let td = list.enter(d.as_raw_fd(), false);
+        let tb = list.enter(b.as_raw_fd(), true);
+        let mut te = list.enter(e.as_raw_fd(), true);
+        te.keep_at_shutdown();
         list.close_all();
         assert_eq!(list.shed_count(), 0);
         let mut got = [0u8; 8];
@@ -273,10 +311,15 @@ mod tests {
         assert_eq!(a.read(&mut got).unwrap(), 0);
         assert_eq!(b.read(&mut got).unwrap(), 0);
         drop((ta, tb));
-        c.set_nonblocking(true).unwrap();
-        assert_eq!(
-            c.read(&mut got).unwrap_err().kind(),
-            std::io::ErrorKind::WouldBlock
-        );
+        for open in [&mut c, &mut d, &mut e] {
+            open.set_nonblocking(true).unwrap();
+            assert_eq!(
+                open.read(&mut got).unwrap_err().kind(),
+                std::io::ErrorKind::WouldBlock
+            );
+        }
+        assert!(list.shed_oldest());
+        assert_eq!(d.read(&mut got).unwrap(), 0);
+        drop((td, te));
     }
 }

@@ -162,7 +162,7 @@ async fn the_longest_waiting_parked_connection_is_shed_first() {
     for name in ["a", "b", "c"] {
         let (s, c) = pair(&l).await;
         // Each began to wait in this order (at its last answer), and keeps its place parked.
-        let ticket = list.enter(s.as_raw_fd());
+        let ticket = list.enter(s.as_raw_fd(), true);
         conns.push(Some((name, s, ticket)));
         clients.push(c);
     }

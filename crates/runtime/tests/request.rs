@@ -33,6 +33,8 @@ struct Server {
     list: Option<Arc<WaitingClients>>,
     /// Listed at its last answer.
     listed: Option<Waiting>,
+    /// Its waits on its client, idle, are ended by the list at shutdown.
+    ends_at_shutdown: bool,
 }
 
 impl ClientConn for Server {
@@ -65,6 +67,11 @@ impl ClientConn for Server {
     fn take_ticket(&mut self) -> Option<Waiting> {
         self.listed.take()
     }
+
+    /// As the node's and the switch's: not with part of a next request read.
+    fn list_closed_at_shutdown(&self) -> bool {
+        self.ends_at_shutdown && self.buf.is_empty()
+    }
 }
 
 impl Server {
@@ -72,7 +79,7 @@ impl Server {
     /// from just before the write.
     async fn answer(&mut self, bytes: &[u8]) {
         let list = self.list.as_ref().unwrap();
-        self.listed = Some(list.enter(self.stream.raw_fd()));
+        self.listed = Some(list.enter(self.stream.raw_fd(), false));
         let stream = self.stream.registered().unwrap();
         stream.write_all(bytes).await.unwrap();
     }
@@ -107,6 +114,7 @@ async fn pair(preread: &[u8]) -> (TcpStream, Server, watch::Sender<bool>) {
         idles: 0,
         list: None,
         listed: None,
+        ends_at_shutdown: false,
     };
     (client, server, tx)
 }
@@ -575,4 +583,52 @@ async fn a_keep_alive_connection_idle_for_the_delay_is_handed_over_to_be_parked(
     };
     let got = next_head_or_park(&mut s, short, Some(PARK)).await;
     assert!(matches!(got, Err(HeadEnd::IdleTimeout)), "{got:?}");
+}
+
+/// Bytes in the receive queue of socket `fd`, not yet read.
+fn unread(fd: std::os::fd::RawFd) -> libc::c_int {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int.
+    assert_eq!(unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) }, 0);
+    n
+}
+
+/// At shutdown the waiting list ends the wait of a connection that was idle, as if its client
+/// had closed, but not of one that has read part of a head: its client may finish it. Neither
+/// wait watches the stop signal (it is never set here).
+#[tokio::test]
+async fn the_list_ends_idle_waits_at_shutdown_and_lets_a_begun_head_finish() {
+    let list = WaitingClients::new();
+    let (_ci, mut idle, _si) = pair(b"").await;
+    let (mut cp, mut partial, _sp) = pair(b"").await;
+    for s in [&mut idle, &mut partial] {
+        s.list = Some(list.clone());
+        s.ends_at_shutdown = true;
+    }
+    let fd = partial.stream.raw_fd();
+    let idle = tokio::spawn(async move { head(&mut idle, true).await });
+    let partial = tokio::spawn(async move { head(&mut partial, true).await });
+    cp.write_all(b"GET /x HTTP/1.1\r\n").await.unwrap();
+    // The bytes reach the socket (the test's thread, blocked, runs no task meanwhile)...
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    assert_eq!(unsafe { libc::poll(&mut p, 1, 5000) }, 1, "nothing arrived");
+    // ... and the waiting task takes them.
+    for _ in 0..10_000 {
+        if unread(fd) == 0 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(unread(fd), 0, "the part of a head was never read");
+    assert_eq!(list.len(), 2);
+    list.close_all();
+    assert!(matches!(idle.await.unwrap(), Err(HeadEnd::Closed)));
+    cp.write_all(b"Host: h\r\n\r\n").await.unwrap();
+    let h = partial.await.unwrap().expect("the begun head is finished");
+    assert_eq!(h.target, "/x");
 }

@@ -726,6 +726,8 @@ impl Client {
             send: t.send,
             waiting: &self.shared.waiting,
             listed: &mut self.listed,
+            // (The client's buffer does not change while a response is relayed.)
+            at_shutdown: self.buf.is_empty(),
         };
         let relayed =
             upstream::relay_body(&mut node, meta.body, meta.keep_alive, &mut to, opts).await;
@@ -764,7 +766,11 @@ impl Client {
 
     /// Write what is pending to the client.
     async fn flush(&mut self, t: Timeouts) -> Result<(), Fail> {
-        self.listed = Some(self.shared.waiting.enter(self.stream.raw_fd()));
+        self.listed = Some(
+            self.shared
+                .waiting
+                .enter(self.stream.raw_fd(), self.buf.is_empty()),
+        );
         let until = tokio::time::Instant::now() + t.send;
         let (_, r) = send_to_client(&mut self.stream, &self.out, false, until).await;
         self.out.clear();
@@ -888,9 +894,10 @@ impl ClientConn for Client {
         self.listed.take()
     }
 
-    /// `Switch::shutdown` closes the waiting list after the stop signal.
+    /// `Switch::shutdown` closes the waiting list after the stop signal; a client part-way
+    /// through its next request (some of it read) may finish it.
     fn list_closed_at_shutdown(&self) -> bool {
-        true
+        self.buf.is_empty()
     }
 
     /// Written at once, with the send timeout of the generation serving the request.
@@ -915,6 +922,8 @@ struct ToClient<'a> {
     waiting: &'a Arc<WaitingClients>,
     /// Listed again before each write: the last one is where the connection begins to wait.
     listed: &'a mut Option<Waiting>,
+    /// Listed to be ended at shutdown ([`ClientConn::list_closed_at_shutdown`]).
+    at_shutdown: bool,
 }
 
 impl upstream::Client for ToClient<'_> {
@@ -923,7 +932,7 @@ impl upstream::Client for ToClient<'_> {
     }
 
     async fn write_pending(&mut self) -> io::Result<()> {
-        *self.listed = Some(self.waiting.enter(self.stream.raw_fd()));
+        *self.listed = Some(self.waiting.enter(self.stream.raw_fd(), self.at_shutdown));
         let until = tokio::time::Instant::now() + self.send;
         let (_, r) = send_to_client(self.stream, self.out, false, until).await;
         self.out.clear();
