@@ -646,7 +646,7 @@ fn on_message(
                         shared.now(),
                     );
                 }
-                shared.freed.notify_one();
+                shared.request_done();
             }
         }
         Message::Closed {

@@ -6,7 +6,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -373,7 +373,7 @@ impl Client {
                         self.shared.now(),
                     );
                 }
-                self.shared.freed.notify_one();
+                self.shared.request_done();
                 backend.requests.fetch_add(1, Relaxed);
                 if let Some(r) = &self.shared.rescue {
                     r.answered(bytes);
@@ -441,7 +441,7 @@ impl Client {
                     .lock()
                     .post_request(self.id, n, &outcome, self.shared.now());
             }
-            self.shared.freed.notify_one();
+            self.shared.request_done();
             match r {
                 Ok(x) => {
                     if let Some(r) = &self.shared.rescue {
@@ -485,7 +485,7 @@ impl Client {
                 .lock()
                 .post_request(self.id, n, &Outcome::failed(), now);
         }
-        self.shared.freed.notify_one();
+        self.shared.request_done();
     }
 
     /// A request whose forwarded head would be over the limits: 431, and the connection ends.
@@ -503,13 +503,8 @@ impl Client {
         excluded: Option<usize>,
     ) -> Result<Choice, Rejection> {
         let sh = &self.shared;
-        let mut queued = false;
-        let deadline = tokio::time::Instant::now() + gen.t.queue;
-        let result = loop {
-            let notified = sh.freed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let now = sh.now();
+        // The policy's answer; `None` while every node is saturated.
+        let pick = |now| -> Option<Result<Choice, Rejection>> {
             let r = gen.policy.lock().select(preq, now);
             match r {
                 Ok(d) => {
@@ -522,36 +517,44 @@ impl Client {
                                 &Outcome::failed(),
                                 now,
                             );
-                            break Ok(Choice {
+                            return Some(Ok(Choice {
                                 idx: j,
                                 policy_node: None,
-                            });
+                            }));
                         }
                     }
-                    break Ok(Choice {
+                    Some(Ok(Choice {
                         idx: i,
                         policy_node: Some(d.node()),
-                    });
+                    }))
                 }
-                Err(Reject::Overloaded) => {
-                    if !queued {
-                        if sh.queue_len.fetch_add(1, Relaxed) >= gen.cfg.queue_max {
-                            sh.queue_len.fetch_sub(1, Relaxed);
-                            break Err(Rejection::QueueFull);
-                        }
-                        queued = true;
-                    }
-                    if timeout_at(deadline, notified).await.is_err() {
-                        break Err(Rejection::QueueTimeout);
-                    }
-                }
-                Err(Reject::NoNode) => break Err(Rejection::NoNode),
-                Err(Reject::ShuttingDown) => break Err(Rejection::NoNode),
+                Err(Reject::Overloaded) => None,
+                Err(Reject::NoNode | Reject::ShuttingDown) => Some(Err(Rejection::NoNode)),
             }
         };
-        if queued {
-            sh.queue_len.fetch_sub(1, Relaxed);
+        if let Some(r) = pick(sh.now()) {
+            return r;
         }
+        // Every node is saturated: wait in the queue until one frees up. Counted in the queue
+        // before listening and asking again, so that a request finishing meanwhile wakes this
+        // one (`Shared::request_done`) or its node is seen free.
+        if sh.queue_len.fetch_add(1, SeqCst) >= gen.cfg.queue_max {
+            sh.queue_len.fetch_sub(1, Relaxed);
+            return Err(Rejection::QueueFull);
+        }
+        let deadline = tokio::time::Instant::now() + gen.t.queue;
+        let result = loop {
+            let notified = sh.freed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(r) = pick(sh.now()) {
+                break r;
+            }
+            if timeout_at(deadline, notified).await.is_err() {
+                break Err(Rejection::QueueTimeout);
+            }
+        };
+        sh.queue_len.fetch_sub(1, Relaxed);
         result
     }
 

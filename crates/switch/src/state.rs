@@ -2,7 +2,7 @@
 //! connection slots, the table of connections living on nodes, and the node health
 //! transitions that the policy must hear of.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use switchyard_runtime::accept::AcceptStats;
@@ -31,7 +31,8 @@ pub(crate) struct Shared {
     pub(crate) next_gen: AtomicU64,
     pub metrics: SwitchMetrics,
     pub stop: watch::Receiver<bool>,
-    /// Signalled whenever a request finishes or a node comes up: queued requests try again.
+    /// Signalled when a request finishes while others wait in the queue, or a node comes up:
+    /// queued requests try again.
     pub freed: Notify,
     pub queue_len: AtomicUsize,
     pub next_conn: AtomicU64,
@@ -158,6 +159,16 @@ impl Shared {
     /// force): counted for the dashboard's hot targets.
     pub fn dispatched(&self, target: &str, node: usize) {
         self.hot.lock().record(target, node as u32);
+    }
+
+    /// A request's node is free again: a request waiting in the queue for one may go. Only
+    /// then is the notification touched (it is shared by every thread); a request that joins
+    /// the queue counts itself before it asks the policy again, so it either sees the node
+    /// free or is counted here.
+    pub fn request_done(&self) {
+        if self.queue_len.load(SeqCst) != 0 {
+            self.freed.notify_one();
+        }
     }
 
     /// A request on `b` succeeded.
