@@ -1304,9 +1304,9 @@ impl<R: Router> Conn<'_, R> {
         if !lazy {
             *listed = Some(waiting.enter(fd, at_shutdown));
         }
-        let until = tokio::time::Instant::now() + self.ctx.send_timeout;
         let parts = [&self.out[..], body];
-        let (done, sent) = send_to_client_or_wait(&mut self.stream, &parts, more, until, || {
+        let limit = self.ctx.send_timeout;
+        let (done, sent) = send_to_client_or_wait(&mut self.stream, &parts, more, limit, || {
             if lazy {
                 *listed = Some(waiting.enter(fd, at_shutdown));
             }
@@ -1423,8 +1423,8 @@ impl<R: Router> Conn<'_, R> {
                 .waiting
                 .enter(self.stream.raw_fd(), self.ends_at_shutdown()),
         );
-        let until = tokio::time::Instant::now() + self.ctx.send_timeout;
-        let (done, sent) = send_to_client(&mut self.stream, bytes, more, until).await;
+        let limit = self.ctx.send_timeout;
+        let (done, sent) = send_to_client(&mut self.stream, bytes, more, limit).await;
         self.stats.bytes += done as u64;
         self.ctx.metrics.bytes_out.fetch_add(done as u64, Relaxed);
         self.note_timeout(&sent);

@@ -254,6 +254,8 @@ impl Client {
     /// Forward one request (written into `fwd`) and relay its response.
     async fn forward(&mut self, head: RequestHead, fwd: &mut Vec<u8>) -> Option<End> {
         let started = Instant::now();
+        // The policies' clock at the start, without reading the clock again.
+        let at = started.saturating_duration_since(self.shared.origin);
         let gen = self.shared.current();
         self.use_gen(&gen);
         let http10 = head.version == Version::Http10;
@@ -328,7 +330,12 @@ impl Client {
         let mut retries_left = gen.cfg.retries;
         let mut excluded: Option<usize> = None;
         loop {
-            let choice = match self.choose(&gen, &preq, excluded).await {
+            let now = if excluded.is_none() {
+                at
+            } else {
+                self.shared.now()
+            };
+            let choice = match self.choose(&gen, &preq, excluded, now).await {
                 Ok(c) => c,
                 Err(reason) => {
                     if !head_consumed {
@@ -432,6 +439,7 @@ impl Client {
                 .exchange(&gen, &backend, fwd, &head, keep, http10)
                 .await;
             backend.active.fetch_sub(1, Relaxed);
+            let took = started.elapsed();
             let outcome = match &r {
                 Ok(x) => Outcome::ok(x.status, x.bytes, x.from_cache == Some(true)),
                 Err(_) => Outcome::failed(),
@@ -439,7 +447,7 @@ impl Client {
             if let Some(n) = choice.policy_node {
                 gen.policy
                     .lock()
-                    .post_request(self.id, n, &outcome, self.shared.now());
+                    .post_request(self.id, n, &outcome, at + took);
             }
             self.shared.request_done();
             match r {
@@ -452,7 +460,6 @@ impl Client {
                     backend.bytes.fetch_add(x.bytes, Relaxed);
                     backend.count_cache(x.from_cache);
                     self.shared.metrics.count_status(x.status);
-                    let took = started.elapsed();
                     backend.latency.observe(took);
                     self.shared
                         .metrics
@@ -495,12 +502,14 @@ impl Client {
         End::Error(431)
     }
 
-    /// Ask the policy for a node, waiting in the queue while every node is saturated.
+    /// Ask the policy for a node (at `now` on its clock, [`crate::state::Shared::now`]), waiting in the
+    /// queue while every node is saturated.
     async fn choose(
         &self,
         gen: &Generation,
         preq: &PolicyRequest<'_>,
         excluded: Option<usize>,
+        now: std::time::Duration,
     ) -> Result<Choice, Rejection> {
         let sh = &self.shared;
         // The policy's answer; `None` while every node is saturated.
@@ -532,7 +541,7 @@ impl Client {
                 Err(Reject::NoNode | Reject::ShuttingDown) => Some(Err(Rejection::NoNode)),
             }
         };
-        if let Some(r) = pick(sh.now()) {
+        if let Some(r) = pick(now) {
             return r;
         }
         // Every node is saturated: wait in the queue until one frees up. Counted in the queue
@@ -774,8 +783,7 @@ impl Client {
                 .waiting
                 .enter(self.stream.raw_fd(), self.buf.is_empty()),
         );
-        let until = tokio::time::Instant::now() + t.send;
-        let (_, r) = send_to_client(&mut self.stream, &self.out, false, until).await;
+        let (_, r) = send_to_client(&mut self.stream, &self.out, false, t.send).await;
         self.out.clear();
         r.map_err(|e| {
             if e.kind() == io::ErrorKind::TimedOut {
@@ -910,8 +918,7 @@ impl ClientConn for Client {
             Some(g) => g.t.send,
             None => self.shared.current().t.send,
         };
-        let until = tokio::time::Instant::now() + send;
-        send_to_client(&mut self.stream, CONTINUE, false, until)
+        send_to_client(&mut self.stream, CONTINUE, false, send)
             .await
             .1
     }
@@ -936,8 +943,7 @@ impl upstream::Client for ToClient<'_> {
 
     async fn write_pending(&mut self) -> io::Result<()> {
         *self.listed = Some(self.waiting.enter(self.stream.raw_fd(), self.at_shutdown));
-        let until = tokio::time::Instant::now() + self.send;
-        let (_, r) = send_to_client(self.stream, self.out, false, until).await;
+        let (_, r) = send_to_client(self.stream, self.out, false, self.send).await;
         self.out.clear();
         r
     }

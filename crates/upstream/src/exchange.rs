@@ -3,12 +3,11 @@
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
-use tokio::io::AsyncWriteExt;
-use tokio::time::timeout_at;
 
 use switchyard_http::upstream::{self, ResponseMeta};
 use switchyard_runtime::ClientSocket;
 
+use crate::splice::SendLimit;
 use crate::{Connection, Deadline, Error};
 
 /// A request to send.
@@ -55,16 +54,14 @@ pub async fn exchange(
     interim: Option<(&mut ClientSocket, Duration)>,
 ) -> Result<Response, Failed> {
     let reused = conn.reused;
-    match timeout_at(deadline.next(), conn.stream.write_all(req.bytes)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(failed(Error::Send(e), reused, false)),
-        Err(_) => {
-            return Err(failed(
-                Error::Send(std::io::ErrorKind::TimedOut.into()),
-                reused,
-                false,
-            ))
-        }
+    // Tried at once; the clock is read only if the send must wait for room.
+    let limit = match deadline {
+        Deadline::At(t) => SendLimit::By(t),
+        Deadline::Each(d) => SendLimit::Within(d),
+    };
+    let (_, sent) = crate::splice::send_all(&conn.stream, req.bytes, false, limit).await;
+    if let Err(e) = sent {
+        return Err(failed(Error::Send(e), reused, false));
     }
     final_head(
         conn,
@@ -127,9 +124,8 @@ async fn final_head(
                             false,
                             &mut out,
                         );
-                        let until = tokio::time::Instant::now() + *wait;
                         let (_, sent) =
-                            crate::splice::send_to_client(client, &out, false, until).await;
+                            crate::splice::send_to_client(client, &out, false, *wait).await;
                         if let Err(e) = sent {
                             return Err(fail(Error::Client(e), true));
                         }
@@ -161,7 +157,7 @@ mod tests {
     use super::*;
     use crate::testing::pair;
     use crate::Pool;
-    use tokio::io::AsyncReadExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
 
     const REQ: Request<'static> = Request {

@@ -198,10 +198,42 @@ fn send_flags(to: BorrowedFd<'_>, parts: &[IoSlice<'_>], more: bool) -> io::Resu
     .map_err(io::Error::from)
 }
 
-/// Write all of `data` to `to`, waiting at most `limit` in all for it to take the bytes. The
+/// Write all of `data` to `to`, waiting at most `limit` from the first time it finds no room. The
 /// first write is tried at once ([`write_now`]).
 pub async fn write_all(to: &TcpStream, data: &[u8], limit: Duration) -> io::Result<()> {
-    send_all(to, data, false, Instant::now() + limit).await.1
+    send_all(to, data, false, limit).await.1
+}
+
+/// How long a send may wait for its peer to take the bytes: until an instant, or for a
+/// duration counted from the send's first wait, so that a send that never waits (the common
+/// one) never reads the clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendLimit {
+    /// Done by this instant.
+    By(Instant),
+    /// Done this long after the send first finds no room.
+    Within(Duration),
+}
+
+impl SendLimit {
+    fn deadline(self) -> Instant {
+        match self {
+            SendLimit::By(t) => t,
+            SendLimit::Within(d) => Instant::now() + d,
+        }
+    }
+}
+
+impl From<Instant> for SendLimit {
+    fn from(t: Instant) -> Self {
+        SendLimit::By(t)
+    }
+}
+
+impl From<Duration> for SendLimit {
+    fn from(d: Duration) -> Self {
+        SendLimit::Within(d)
+    }
 }
 
 /// Send all of `data` to a client (with `MSG_MORE` when `more`), registering its socket with
@@ -211,9 +243,9 @@ pub async fn send_to_client(
     to: &mut ClientSocket,
     data: &[u8],
     more: bool,
-    until: Instant,
+    limit: impl Into<SendLimit>,
 ) -> (usize, io::Result<()>) {
-    send_to_client_or_wait(to, &[data], more, until, || {}).await
+    send_to_client_or_wait(to, &[data], more, limit, || {}).await
 }
 
 /// [`send_to_client`] of `parts` gathered in order (a head and a body kept apart leave in one
@@ -224,9 +256,10 @@ pub async fn send_to_client_or_wait(
     to: &mut ClientSocket,
     parts: &[&[u8]],
     more: bool,
-    until: Instant,
+    limit: impl Into<SendLimit>,
     waits: impl FnOnce(),
 ) -> (usize, io::Result<()>) {
+    let mut limit = limit.into();
     let mut slices = Slices::new(parts);
     if slices.is_empty() {
         // (No system call, and no registration, for nothing.)
@@ -252,27 +285,29 @@ pub async fn send_to_client_or_wait(
     };
     if bare {
         // The send buffer is full: wait for room rather than try a send that would fail.
+        let until = limit.deadline();
+        limit = SendLimit::By(until);
         match timeout_at(until, to.writable()).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return (slices.done, Err(e)),
             Err(_) => return (slices.done, Err(timed_out())),
         }
     }
-    let r = send_slices(to, &mut slices, more, until).await;
+    let r = send_slices(to, &mut slices, more, limit).await;
     (slices.done, r)
 }
 
 /// Send all of `data` on `to` (with `MSG_MORE` when `more`), each write tried at once
-/// ([`write_now`]), waiting for room until `until`. Returns the bytes that went out and how it
-/// ended: a wait past `until` is `ErrorKind::TimedOut`.
+/// ([`write_now`]), waiting for room within `limit`. Returns the bytes that went out and how
+/// it ended: a wait past the limit is `ErrorKind::TimedOut`.
 pub async fn send_all(
     to: &TcpStream,
     data: &[u8],
     more: bool,
-    until: Instant,
+    limit: impl Into<SendLimit>,
 ) -> (usize, io::Result<()>) {
     let mut slices = Slices::new(&[data]);
-    let r = send_slices(to, &mut slices, more, until).await;
+    let r = send_slices(to, &mut slices, more, limit.into()).await;
     (slices.done, r)
 }
 
@@ -280,13 +315,16 @@ async fn send_slices(
     to: &TcpStream,
     slices: &mut Slices<'_>,
     more: bool,
-    until: Instant,
+    limit: SendLimit,
 ) -> io::Result<()> {
+    // Read from the clock at the first wait only.
+    let mut until = None;
     while !slices.is_empty() {
         match write_now(to, || send_flags(to.as_fd(), slices.get(), more)) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => slices.advance(n),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let until = *until.get_or_insert_with(|| limit.deadline());
                 match timeout_at(until, to.writable()).await {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => return Err(e),
@@ -441,6 +479,31 @@ mod tests {
         assert!(s.is_registered(), "8 MB cannot leave without a wait");
         drop(s);
         assert!(reader.await.unwrap() == big, "the bytes arrived changed");
+    }
+
+    /// A send limited `Within` a duration gives up that long after it first finds no room,
+    /// one limited `By` an instant gives up then (tokio's paused clock: the client never
+    /// reads, and time moves only while the sends wait).
+    #[tokio::test(start_paused = true)]
+    async fn a_send_gives_up_at_its_limit() {
+        let (mut s, _client) = bare_client().await;
+        let big = vec![7u8; 64 << 20];
+        let about = |got: Duration, want: Duration| {
+            assert!(
+                got >= want && got <= want + Duration::from_millis(2),
+                "{got:?} is not {want:?}"
+            );
+        };
+        let start = Instant::now();
+        let (n, r) = send_to_client(&mut s, &big, false, Duration::from_secs(3)).await;
+        assert_eq!(r.unwrap_err().kind(), io::ErrorKind::TimedOut);
+        assert!(n > 0 && n < big.len(), "{n}");
+        about(start.elapsed(), Duration::from_secs(3));
+        let start = Instant::now();
+        let (n, r) = send_to_client(&mut s, &big, false, start + Duration::from_secs(2)).await;
+        assert_eq!(r.unwrap_err().kind(), io::ErrorKind::TimedOut);
+        assert_eq!(n, 0);
+        about(start.elapsed(), Duration::from_secs(2));
     }
 
     /// What is left after any number of bytes is the rest of the parts joined, whatever
