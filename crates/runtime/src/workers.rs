@@ -97,6 +97,17 @@ impl WeakLive {
     }
 }
 
+thread_local! {
+    /// This thread's index among its [`Workers`], if it is one.
+    static INDEX: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// The index of the worker thread this is called on (`{name}-{index}`), or `None` on any
+/// other thread: per-worker state can be kept without a lock the workers share.
+pub fn this_worker() -> Option<usize> {
+    INDEX.with(|i| i.get())
+}
+
 /// The running worker threads.
 pub struct Workers {
     abort: watch::Sender<bool>,
@@ -126,6 +137,7 @@ impl Workers {
             std::thread::Builder::new()
                 .name(format!("{name}-{i}"))
                 .spawn(move || {
+                    INDEX.with(|x| x.set(Some(i)));
                     run(i, listener, stop, abort_rx, accept);
                     let _ = tx.send(());
                 })?;
@@ -269,6 +281,33 @@ mod tests {
             // Dropping the connection's handle ends the drain long before the grace period.
             drop(conn);
             finish.await.unwrap();
+        });
+    }
+
+    /// Each worker thread knows its index; other threads have none.
+    #[test]
+    fn workers_know_their_index() {
+        rt().block_on(async {
+            let listeners = (0..2)
+                .map(|_| crate::listen::listen_std("127.0.0.1:0".parse().unwrap(), false).unwrap())
+                .collect();
+            let (stop, stop_rx) = watch::channel(false);
+            let (tx, rx) = mpsc::channel();
+            let workers = Workers::spawn("t", listeners, stop_rx, move |i, _l, _live| {
+                let _ = tx.send((i, this_worker()));
+                async {}
+            })
+            .unwrap();
+            let mut seen =
+                tokio::task::spawn_blocking(move || [rx.recv().unwrap(), rx.recv().unwrap()])
+                    .await
+                    .unwrap();
+            seen.sort();
+            assert_eq!(seen, [(0, Some(0)), (1, Some(1))]);
+            assert_eq!(this_worker(), None);
+            // (The workers may have ended already: their accept loops returned at once.)
+            let _ = stop.send(true);
+            workers.finish(Duration::from_secs(5)).await;
         });
     }
 

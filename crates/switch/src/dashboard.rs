@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use switchyard_admin::dashboard::feed::Publisher;
-use switchyard_admin::dashboard::{ClusterSample, NodeSample, Sampler, HOT_LISTED};
+use switchyard_admin::dashboard::{ClusterSample, HotTargets, NodeSample, Sampler, HOT_LISTED};
 use tokio::sync::watch;
 
 use crate::state::Shared;
@@ -27,7 +27,9 @@ pub(crate) const HOT_CAPACITY: usize = 64;
 pub(crate) fn sample(shared: &Shared) -> ClusterSample {
     let g = shared.current();
     let stats = g.policy.lock().stats();
-    let hot = shared.hot.lock().take(HOT_LISTED);
+    let mut counters: Vec<_> = shared.hot.iter().map(|c| c.lock()).collect();
+    let hot = HotTargets::take_merged(counters.iter_mut().map(|c| &mut **c), HOT_LISTED);
+    drop(counters);
     let h = &shared.handoffs;
     let nodes = g
         .nodes

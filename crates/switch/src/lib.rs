@@ -474,9 +474,14 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
         accepts: AcceptStats::default(),
         waiting: switchyard_runtime::shed::WaitingClients::new(),
         nofile,
-        hot: Mutex::new(switchyard_admin::dashboard::HotTargets::new(
-            dashboard::HOT_CAPACITY,
-        )),
+        // One counter per worker thread, and one more for any other thread.
+        hot: (0..=workers)
+            .map(|_| {
+                Mutex::new(switchyard_admin::dashboard::HotTargets::new(
+                    dashboard::HOT_CAPACITY,
+                ))
+            })
+            .collect(),
         rescue,
     });
     let (gen, fresh) = build_generation(&shared, &cfg, None)?;

@@ -55,8 +55,10 @@ pub(crate) struct Shared {
     pub waiting: Arc<switchyard_runtime::shed::WaitingClients>,
     /// The descriptor limit in force (soft), read at start.
     pub nofile: u64,
-    /// The most requested targets since the dashboard's last sample, with their nodes.
-    pub hot: Mutex<HotTargets>,
+    /// The most requested targets since the dashboard's last sample, with their nodes: one
+    /// counter per thread that counts ([`Shared::dispatched`]), merged when sampled, so that
+    /// no lock or cache line is written by every thread at every request.
+    pub hot: Vec<Mutex<HotTargets>>,
     /// With `[rescue.peering]`: the rescue driver of the site this switch is the face of.
     pub(crate) rescue: Option<crate::rescue::SiteRescue>,
 }
@@ -158,7 +160,10 @@ impl Shared {
     /// A request for `target` was dispatched to node `node` (an index of the generation in
     /// force): counted for the dashboard's hot targets.
     pub fn dispatched(&self, target: &str, node: usize) {
-        self.hot.lock().record(target, node as u32);
+        // Worker `i` counts in counter `i`; any other thread in the last one.
+        let last = self.hot.len() - 1;
+        let i = switchyard_runtime::workers::this_worker().map_or(last, |w| w.min(last));
+        self.hot[i].lock().record(target, node as u32);
     }
 
     /// A request's node is free again: a request waiting in the queue for one may go. Only

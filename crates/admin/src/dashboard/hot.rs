@@ -8,6 +8,11 @@
 
 use std::collections::HashMap;
 
+/// The index's hasher: fast, and safe from crafted collisions here since the index holds at
+/// most `capacity` targets (64 in the switch), so no probe sequence grows with an attacker's
+/// input.
+type Index = HashMap<Box<str>, usize, foldhash::fast::RandomState>;
+
 /// Targets are cut to this many bytes (at a character boundary) before they are counted.
 pub const MAX_TARGET_BYTES: usize = 48;
 
@@ -29,7 +34,7 @@ pub struct HotCount {
 pub struct HotTargets {
     capacity: usize,
     entries: Vec<HotCount>,
-    index: HashMap<Box<str>, usize>,
+    index: Index,
     total: u64,
 }
 
@@ -51,7 +56,7 @@ impl HotTargets {
         HotTargets {
             capacity,
             entries: Vec::with_capacity(capacity),
-            index: HashMap::with_capacity(capacity),
+            index: Index::with_capacity_and_hasher(capacity, Default::default()),
             total: 0,
         }
     }
@@ -100,13 +105,89 @@ impl HotTargets {
 
     /// The `n` most counted targets, most first, and start a new period.
     pub fn take(&mut self, n: usize) -> Vec<HotCount> {
-        let mut all = std::mem::take(&mut self.entries);
-        self.index.clear();
-        self.total = 0;
-        all.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.target.cmp(&b.target)));
-        all.truncate(n);
+        let mut all = self.take_all();
+        sort_and_cut(&mut all, n);
         all
     }
+
+    /// Every counted target, unordered, and start a new period.
+    fn take_all(&mut self) -> Vec<HotCount> {
+        self.index.clear();
+        self.total = 0;
+        std::mem::take(&mut self.entries)
+    }
+
+    /// The `n` most counted targets over several counters of disjoint streams (one per
+    /// thread, so that no lock is shared by the threads counting), most first, and start a
+    /// new period in each. Merged as mergeable summaries are (Agarwal et al., 2012): a full
+    /// counter that does not hold a target adds its smallest count to the target's count and
+    /// error alike (the target may have been replaced there, at most that many times), so a
+    /// merged count still overestimates by at most its error.
+    pub fn take_merged<'a>(
+        counters: impl IntoIterator<Item = &'a mut HotTargets>,
+        n: usize,
+    ) -> Vec<HotCount> {
+        /// A target's sums over the counters that hold it.
+        struct Held {
+            entry: HotCount,
+            /// Its largest count in one counter (whose node is kept).
+            best: u64,
+            /// The floors of the counters that hold it.
+            floors: u64,
+        }
+        let mut floors = 0;
+        let mut merged: HashMap<String, Held> = HashMap::new();
+        for c in counters {
+            let full = c.entries.len() >= c.capacity;
+            let entries = c.take_all();
+            let floor = if full {
+                entries.iter().map(|e| e.count).min().unwrap_or(0)
+            } else {
+                0
+            };
+            floors += floor;
+            for e in entries {
+                match merged.get_mut(&e.target) {
+                    Some(h) => {
+                        h.entry.count += e.count;
+                        h.entry.error += e.error;
+                        h.floors += floor;
+                        if e.count > h.best {
+                            (h.entry.node, h.best) = (e.node, e.count);
+                        }
+                    }
+                    None => {
+                        let held = Held {
+                            best: e.count,
+                            floors: floor,
+                            entry: e,
+                        };
+                        merged.insert(held.entry.target.clone(), held);
+                    }
+                }
+            }
+        }
+        // Each counter that does not hold a target adds its floor.
+        let mut all: Vec<HotCount> = merged
+            .into_values()
+            .map(|h| {
+                let absent = floors - h.floors;
+                HotCount {
+                    count: h.entry.count + absent,
+                    error: h.entry.error + absent,
+                    ..h.entry
+                }
+            })
+            .collect();
+        sort_and_cut(&mut all, n);
+        all
+    }
+}
+
+/// Most counted first (then by name), at most `n`.
+fn sort_and_cut(all: &mut Vec<HotCount>, n: usize) {
+    all.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.target.cmp(&b.target)));
+    all.truncate(n);
 }
 
 #[cfg(test)]
@@ -149,7 +230,64 @@ mod tests {
         assert_eq!(top[0].count, 2);
     }
 
+    /// Per-thread counters merge into the counts one counter would have kept; the node is
+    /// the one of the counter that saw the target most; each counter starts a new period.
+    #[test]
+    fn counters_merge_into_one_list() {
+        let (mut a, mut b) = (HotTargets::new(4), HotTargets::new(4));
+        for _ in 0..3 {
+            a.record("/x", 0);
+        }
+        for _ in 0..5 {
+            b.record("/x", 1);
+        }
+        a.record("/y", 0);
+        let top = HotTargets::take_merged([&mut a, &mut b], 5);
+        assert_eq!(
+            top.iter()
+                .map(|e| (e.target.as_str(), e.node, e.count, e.error))
+                .collect::<Vec<_>>(),
+            [("/x", 1, 8, 0), ("/y", 0, 1, 0)]
+        );
+        assert_eq!((a.total(), b.total()), (0, 0));
+        assert!(HotTargets::take_merged([&mut a, &mut b], 5).is_empty());
+    }
+
     proptest! {
+        /// Merged counts keep space-saving's bounds: each is at least the target's true
+        /// count over all the streams, and at most its error above it; one counter merged
+        /// alone is what `take` gives.
+        #[test]
+        fn merged_counts_keep_their_bounds(
+            stream in proptest::collection::vec((0u8..30, 0usize..3), 1..600),
+            capacity in 1usize..10,
+        ) {
+            let mut counters: Vec<HotTargets> = (0..3).map(|_| HotTargets::new(capacity)).collect();
+            let mut alone = HotTargets::new(capacity);
+            let mut truth: HashMap<String, u64> = HashMap::new();
+            for (t, thread) in &stream {
+                let name = format!("/t{t}");
+                counters[*thread].record(&name, u32::from(*t));
+                if *thread == 0 {
+                    alone.record(&name, u32::from(*t));
+                }
+                *truth.entry(name).or_default() += 1;
+            }
+            let merged = HotTargets::take_merged(counters.iter_mut(), usize::MAX);
+            for e in &merged {
+                let real = truth[&e.target];
+                prop_assert!(e.count >= real, "{} counted {} < {}", e.target, e.count, real);
+                prop_assert!(e.count - e.error <= real, "{} error too small", e.target);
+            }
+            let mut again = HotTargets::new(capacity);
+            for (t, thread) in &stream {
+                if *thread == 0 {
+                    again.record(&format!("/t{t}"), u32::from(*t));
+                }
+            }
+            prop_assert_eq!(HotTargets::take_merged([&mut again], 4), alone.take(4));
+        }
+
         /// Space-saving's guarantees: every target counted more than total / capacity times
         /// is kept, and each kept count is within its error of the true count.
         #[test]
