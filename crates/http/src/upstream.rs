@@ -553,7 +553,9 @@ pub fn cache_status(head: &[u8]) -> Option<bool> {
 /// answers 431 itself (or serves the request without forwarding) instead of forwarding it.
 pub fn forwarded_head_fits(head: &[u8], limits: &crate::request::Limits) -> bool {
     // Request line and blank line end in CRLF too; every other line is one field.
-    let lines = head.iter().filter(|&&b| b == b'\n').count();
+    // (`memchr` finds each line end with vector compares; a bytewise count costs two
+    // instructions a byte.)
+    let lines = memchr::memchr_iter(b'\n', head).count();
     head.len() <= limits.max_head_bytes && lines.saturating_sub(2) <= crate::request::MAX_HEADERS
 }
 
