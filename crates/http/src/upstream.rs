@@ -98,13 +98,19 @@ pub fn parse(
     head_request: bool,
     max_head: usize,
 ) -> Result<Option<ResponseMeta>, ResponseError> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut r = httparse::Response::new(&mut headers);
+    // Left uninitialised, as in `request::parse`.
+    let mut headers =
+        [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut r = httparse::Response::new(&mut []);
     // httparse takes a bare LF as a line end; a peer that does not would frame the response
     // differently, so it is refused: looked for in one pass over a head parsed whole, else
     // line by line (refused as soon as it arrives, before any other fault).
     const BARE_LF: ResponseError = ResponseError::Malformed("bare LF in the response head");
-    let head_len = match r.parse(buf) {
+    let head_len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut r,
+        buf,
+        &mut headers,
+    ) {
         Ok(httparse::Status::Complete(n)) if crate::request::parsed_head_has_bare_lf(&buf[..n]) => {
             return Err(BARE_LF)
         }
