@@ -11,7 +11,12 @@
 # end of the head and Content-Length), so floor/HAProxy bounds what any relay reaches here.
 #
 # Usage: bench/switch-vs-haproxy/run.sh
-#        DURATION=5 ROUNDS=3 CONNS=64 THREADS=2 bench/switch-vs-haproxy/run.sh
+#        DURATION=5 ROUNDS=5 CONNS=64 THREADS=2 bench/switch-vs-haproxy/run.sh
+#        FRONTS="haproxy sw-chash floor" SPLICE_TABLE=0 bench/switch-vs-haproxy/run.sh
+# FRONTS chooses the front ends of the first table (HAProxy, the baseline, always runs); only
+# those are started. SPLICE_TABLE=0 leaves out the second table and its two switches. Five
+# rounds by default: with three, a median here moves by more than a 10 % lead (bench/RESULTS.md,
+# 2026-11-29).
 # HAPROXY_BUFSIZE sets HAProxy's tune.bufsize: 16384 by default, HAProxy's own. On loopback
 # 131072 (the lab's setting in bench/cluster/run.sh, where it serves large bodies 2-4x faster)
 # did not speed HAProxy up at 100 KiB and slowed it at 1 KiB Connection: close (bench/RESULTS.md,
@@ -22,13 +27,16 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
 DURATION=${DURATION:-5}
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-5}
 CONNS=${CONNS:-64}
 THREADS=${THREADS:-2}
 SIZES=${SIZES:-"1k 100k"}
 MODES=${MODES:-"keepalive close"}
 HAPROXY_BUFSIZE=${HAPROXY_BUFSIZE:-16384}
 FRONTS=${FRONTS:-"haproxy nginx sw-chash sw-lard floor"}
+SPLICE_TABLE=${SPLICE_TABLE:-1}
+wants() { [[ " $FRONTS " == *" $1 "* ]]; }
+wants haproxy || FRONTS="haproxy $FRONTS"
 N1=18101; N2=18102; HAP=18110; NGX=18111; SWC=18112; SWL=18113; SWS=18114; SWP=18115; FLR=18116
 ulimit -n "$(ulimit -Hn)"
 
@@ -104,6 +112,7 @@ backend be
 CONF
 haproxy -f "$work/haproxy.cfg" -db 2>"$work/haproxy.log" &
 pids+=($!)
+ports="$N1 $N2 $HAP"
 
 cat > "$work/nginx.conf" <<CONF
 worker_processes $cores;
@@ -138,8 +147,11 @@ http {
     }
 }
 CONF
-nginx -c "$work/nginx.conf" -e "$work/nginx-error.log" &
-pids+=($!)
+if wants nginx; then
+    nginx -c "$work/nginx.conf" -e "$work/nginx-error.log" &
+    pids+=($!)
+    ports="$ports $NGX"
+fi
 
 start_switch() { # port policy splice_min
     cat > "$work/switch-$1.toml" <<CONF
@@ -152,13 +164,17 @@ splice_min_bytes = $3
 CONF
     $SWITCH_BIN --config "$work/switch-$1.toml" 2>"$work/switch-$1.log" &
     pids+=($!)
+    ports="$ports $1"
 }
-start_switch $SWC chash 65536
-start_switch $SWL lard 65536
-start_switch $SWS lard 1
-start_switch $SWP lard 0
-ports="$N1 $N2 $HAP $NGX $SWC $SWL $SWS $SWP"
-if [[ " $FRONTS " == *" floor "* ]]; then
+if wants sw-chash; then start_switch $SWC chash 65536; fi
+if wants sw-lard; then start_switch $SWL lard 65536; fi
+extra_fronts=
+if [ "$SPLICE_TABLE" = 1 ]; then
+    start_switch $SWS lard 1
+    start_switch $SWP lard 0
+    extra_fronts="sw-splice sw-copy"
+fi
+if wants floor; then
     (cd "$top/bench/floor" && cargo build --release -q --target-dir "$target/floor")
     "$target/floor/release/switchyard-floor" --port $FLR --threads "$cores" --relay "127.0.0.1:$N1,127.0.0.1:$N2" 2>"$work/floor.log" &
     pids+=($!)
@@ -188,7 +204,7 @@ run_wrk() { # port size mode
 median() { sort -n | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 
 # Warm every front end and the nodes' caches.
-for f in $FRONTS sw-splice sw-copy; do
+for f in $FRONTS $extra_fronts; do
     for size in $SIZES; do wrk -t1 -c8 -d1s -s "$work/paths.lua" "http://127.0.0.1:$(port_of $f)/" -- "$size" >/dev/null; done
 done
 
@@ -214,6 +230,7 @@ for size in $SIZES; do
     done
 done
 
+[ "$SPLICE_TABLE" = 1 ] || exit 0
 echo
 echo "| 100k bodies, keep-alive, LARD | req/s | p99 µs |"
 echo "|---|---:|---:|"
