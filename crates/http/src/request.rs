@@ -64,6 +64,22 @@ impl Method {
         }
     }
 
+    /// The token of a standard method; `None` for [`Method::Other`].
+    pub fn token(self) -> Option<&'static str> {
+        Some(match self {
+            Method::Get => "GET",
+            Method::Head => "HEAD",
+            Method::Post => "POST",
+            Method::Put => "PUT",
+            Method::Delete => "DELETE",
+            Method::Options => "OPTIONS",
+            Method::Patch => "PATCH",
+            Method::Trace => "TRACE",
+            Method::Connect => "CONNECT",
+            Method::Other => return None,
+        })
+    }
+
     /// Safe and idempotent methods may be retried on another node.
     pub fn is_idempotent(self) -> bool {
         matches!(
@@ -113,8 +129,8 @@ pub enum BodyFraming {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RequestHead {
     pub method: Method,
-    /// The method token as sent.
-    pub method_token: String,
+    /// The method token as sent (one of the standard ones borrowed, not allocated).
+    pub method_token: std::borrow::Cow<'static, str>,
     /// The request target as sent (not decoded).
     pub target: String,
     pub version: Version,
@@ -255,9 +271,13 @@ pub fn parse(buf: &[u8], limits: &Limits) -> Result<ParseOutcome, RequestError> 
     };
     let method_token = req.method.unwrap_or_default();
     let target = req.path.unwrap_or_default();
+    let method = Method::from_token(method_token);
     let mut head = RequestHead {
-        method: Method::from_token(method_token),
-        method_token: method_token.to_owned(),
+        method,
+        method_token: match method.token() {
+            Some(t) => t.into(),
+            None => method_token.to_owned().into(),
+        },
         target: target.to_owned(),
         version,
         host: None,
@@ -594,6 +614,31 @@ fn valid_host(h: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A standard method's token is borrowed and names its method; any other is kept as sent.
+    #[test]
+    fn method_tokens_are_kept_as_sent() {
+        use std::borrow::Cow;
+        use Method::*;
+        for m in [Get, Head, Post, Put, Delete, Options, Patch, Trace, Connect] {
+            assert_eq!(Method::from_token(m.token().unwrap()), m);
+        }
+        assert_eq!(Other.token(), None);
+        let head = |b: &[u8]| match parse(b, &Limits::default()) {
+            Ok(ParseOutcome::Complete(h)) => h,
+            r => panic!("{r:?}"),
+        };
+        let get = head(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n");
+        assert!(matches!(get.method_token, Cow::Borrowed("GET")));
+        let other = head(b"PROPFIND / HTTP/1.1\r\nHost: h\r\n\r\n");
+        assert_eq!(
+            (other.method, other.method_token.as_ref()),
+            (Other, "PROPFIND")
+        );
+        // Methods are case-sensitive: a lower-case token is another method.
+        let lower = head(b"get / HTTP/1.1\r\nHost: h\r\n\r\n");
+        assert_eq!((lower.method, lower.method_token.as_ref()), (Other, "get"));
+    }
 
     /// A head of request (or status) line, fields and blank line, each line ending in CRLF,
     /// LF or a lone CR as `ends` says, values holding CRs, LFs, tabs and spaces as `values`

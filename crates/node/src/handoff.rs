@@ -949,7 +949,7 @@ impl Dispatch {
         let sent = self.ctl.send(Message::Route {
             id: self.id,
             seq: self.seq,
-            method: head.method_token.clone(),
+            method: head.method_token.to_string(),
             host: head.host.clone(),
             target: head.target.clone(),
         });
