@@ -21,8 +21,10 @@
 # 131072 (the lab's setting in bench/cluster/run.sh, where it serves large bodies 2-4x faster)
 # did not speed HAProxy up at 100 KiB and slowed it at 1 KiB Connection: close (bench/RESULTS.md,
 # 2026-11-28).
-# SWITCH_BIN overrides how the switch is run (default: `switchyard switch` when the binary has
-# that subcommand, else the crate's example binary). Traffic goes to 127.0.0.1 only.
+# SWITCHYARD_BIN=/path/to/switchyard runs that binary (nodes and switch) and builds nothing;
+# SKIP_BUILD=1 runs $CARGO_TARGET_DIR/release/switchyard without building it. SWITCH_BIN
+# overrides how the switch is run (default: `switchyard switch` when the binary has that
+# subcommand, else the crate's example binary). Traffic goes to 127.0.0.1 only.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
@@ -49,8 +51,8 @@ for cmd in haproxy nginx wrk curl; do
     fi
 done
 target=${CARGO_TARGET_DIR:-$top/target}
-[ -n "${SKIP_BUILD:-}" ] || (cd "$top" && cargo build --release -q -p switchyard --bin switchyard && cargo build --release -q -p switchyard-switch --example switch)
-bin="$target/release/switchyard"
+[ -n "${SKIP_BUILD:-}${SWITCHYARD_BIN:-}" ] || (cd "$top" && cargo build --release -q -p switchyard --bin switchyard && cargo build --release -q -p switchyard-switch --example switch)
+bin="${SWITCHYARD_BIN:-$target/release/switchyard}"
 if [ -z "${SWITCH_BIN:-}" ]; then
     if "$bin" switch --help >/dev/null 2>&1; then SWITCH_BIN="$bin switch"; else SWITCH_BIN="$target/release/examples/switch"; fi
 fi
