@@ -48,36 +48,30 @@ pub enum Method {
     Other,
 }
 
+/// The methods this project names, with their tokens.
+const STANDARD: [(Method, &str); 9] = [
+    (Method::Get, "GET"),
+    (Method::Head, "HEAD"),
+    (Method::Post, "POST"),
+    (Method::Put, "PUT"),
+    (Method::Delete, "DELETE"),
+    (Method::Options, "OPTIONS"),
+    (Method::Patch, "PATCH"),
+    (Method::Trace, "TRACE"),
+    (Method::Connect, "CONNECT"),
+];
+
 impl Method {
     fn from_token(token: &str) -> Method {
-        match token {
-            "GET" => Method::Get,
-            "HEAD" => Method::Head,
-            "POST" => Method::Post,
-            "PUT" => Method::Put,
-            "DELETE" => Method::Delete,
-            "OPTIONS" => Method::Options,
-            "PATCH" => Method::Patch,
-            "TRACE" => Method::Trace,
-            "CONNECT" => Method::Connect,
-            _ => Method::Other,
-        }
+        STANDARD
+            .iter()
+            .find(|&&(_, t)| t == token)
+            .map_or(Method::Other, |&(m, _)| m)
     }
 
     /// The token of a standard method; `None` for [`Method::Other`].
     pub fn token(self) -> Option<&'static str> {
-        Some(match self {
-            Method::Get => "GET",
-            Method::Head => "HEAD",
-            Method::Post => "POST",
-            Method::Put => "PUT",
-            Method::Delete => "DELETE",
-            Method::Options => "OPTIONS",
-            Method::Patch => "PATCH",
-            Method::Trace => "TRACE",
-            Method::Connect => "CONNECT",
-            Method::Other => return None,
-        })
+        STANDARD.iter().find(|&&(m, _)| m == self).map(|&(_, t)| t)
     }
 
     /// Safe and idempotent methods may be retried on another node.

@@ -1331,6 +1331,12 @@ impl<R: Router> Conn<'_, R> {
         Ok(())
     }
 
+    /// List the connection as waiting on its client from now on ([`WaitingClients::enter`]).
+    fn list_waiting(&mut self) {
+        let at_shutdown = self.ends_at_shutdown();
+        self.listed = Some(self.ctx.waiting.enter(self.stream.raw_fd(), at_shutdown));
+    }
+
     /// Whether a listing made now may be ended by the node's shutdown
     /// ([`WaitingClients::close_all`]): the connection stays on this host, and nothing of a
     /// next request has been read (a client part-way through one may finish it).
@@ -1345,11 +1351,7 @@ impl<R: Router> Conn<'_, R> {
         let until = tokio::time::Instant::now() + self.ctx.send_timeout;
         while left > 0 {
             if !self.closing {
-                self.listed = Some(
-                    self.ctx
-                        .waiting
-                        .enter(self.stream.raw_fd(), self.ends_at_shutdown()),
-                );
+                self.list_waiting();
             }
             let sent = self.stream.now(tokio::io::Interest::WRITABLE, |to| {
                 let chunk = left.min(1 << 30) as usize;
@@ -1374,11 +1376,7 @@ impl<R: Router> Conn<'_, R> {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if self.closing {
-                        self.listed = Some(
-                            self.ctx
-                                .waiting
-                                .enter(self.stream.raw_fd(), self.ends_at_shutdown()),
-                        );
+                        self.list_waiting();
                     }
                     // The first wait registers a bare socket.
                     if timeout_at(until, self.stream.registered()?.writable())
@@ -1418,11 +1416,7 @@ impl<R: Router> Conn<'_, R> {
 
     /// Write all of `bytes`, with MSG_MORE when `more` follows.
     async fn send_bytes(&mut self, bytes: &[u8], more: bool) -> io::Result<()> {
-        self.listed = Some(
-            self.ctx
-                .waiting
-                .enter(self.stream.raw_fd(), self.ends_at_shutdown()),
-        );
+        self.list_waiting();
         let limit = self.ctx.send_timeout;
         let (done, sent) = send_to_client(&mut self.stream, bytes, more, limit).await;
         self.stats.bytes += done as u64;
