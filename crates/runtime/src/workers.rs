@@ -7,14 +7,19 @@
 //! connection holds a clone of the thread's [`Live`] handle while it is open;
 //! the last connection to drop its handle wakes the draining worker (no
 //! polling).
+//!
+//! A process may also give its workers a tidy function ([`tidy_with`]), which each calls once
+//! every [`TIDY_EVERY`] while it runs: the binary uses it to have its allocator give back what
+//! a burst of connections freed on a worker that then went quiet.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Weak};
+use std::sync::{mpsc, Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use crate::accept::Listener;
 use tokio::sync::{watch, Notify};
+use tokio::time::MissedTickBehavior;
 
 /// Held by every open connection of a worker; the worker drains until only
 /// its own handle is left. Dropping the last handle but the worker's wakes
@@ -106,6 +111,31 @@ thread_local! {
 /// other thread: per-worker state can be kept without a lock the workers share.
 pub fn this_worker() -> Option<usize> {
     INDEX.with(|i| i.get())
+}
+
+/// How often each worker calls the process's tidy function.
+pub const TIDY_EVERY: Duration = Duration::from_secs(1);
+
+static TIDY: OnceLock<fn()> = OnceLock::new();
+
+/// Have every worker thread of this process call `tidy` once every [`TIDY_EVERY`] while it
+/// runs, from the first period after its start: work that belongs to each thread and must go
+/// on when the thread has nothing else to do, such as a thread-caching allocator's collection
+/// of the memory its thread freed (which otherwise waits for the thread's next allocation).
+/// Set once, before the workers start; `false` if a tidy function was already set.
+pub fn tidy_with(tidy: fn()) -> bool {
+    TIDY.set(tidy).is_ok()
+}
+
+/// Call `tidy` once every `period`, from one period on, for as long as the future is polled.
+/// A worker running late calls it once, not once per period missed.
+async fn tidy_every(period: Duration, tidy: fn()) {
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        tidy();
+    }
 }
 
 /// The running worker threads.
@@ -201,6 +231,10 @@ fn run<A, Fut>(
                 return;
             }
         };
+        // Ends with the runtime, after the worker's last connection.
+        if let Some(&tidy) = TIDY.get() {
+            tokio::spawn(tidy_every(TIDY_EVERY, tidy));
+        }
         let live = Live::new();
         // The listener closes when the accept loop is dropped.
         tokio::select! {
@@ -309,6 +343,83 @@ mod tests {
             let _ = stop.send(true);
             workers.finish(Duration::from_secs(5)).await;
         });
+    }
+
+    static TIDIED: AtomicUsize = AtomicUsize::new(0);
+
+    fn count_tidy() {
+        TIDIED.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The tidy loop calls once per period from one period on, and once (not once per period
+    /// missed) when it runs late.
+    #[tokio::test(start_paused = true)]
+    async fn tidying_comes_once_a_period() {
+        let looping = tokio::spawn(tidy_every(Duration::from_secs(1), count_tidy));
+        let settle = || async {
+            for _ in 0..4 {
+                tokio::task::yield_now().await;
+            }
+        };
+        settle().await;
+        assert_eq!(TIDIED.load(Ordering::SeqCst), 0, "not at the start");
+        tokio::time::advance(Duration::from_millis(999)).await;
+        settle().await;
+        assert_eq!(TIDIED.load(Ordering::SeqCst), 0, "not before a period");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        settle().await;
+        assert_eq!(TIDIED.load(Ordering::SeqCst), 1);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        settle().await;
+        assert_eq!(TIDIED.load(Ordering::SeqCst), 2);
+        // Late by three periods (the clock jumps past them): one call, then one per period.
+        tokio::time::advance(Duration::from_millis(3500)).await;
+        settle().await;
+        assert_eq!(TIDIED.load(Ordering::SeqCst), 3);
+        tokio::time::advance(Duration::from_millis(999)).await;
+        settle().await;
+        assert_eq!(TIDIED.load(Ordering::SeqCst), 3);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        settle().await;
+        assert_eq!(TIDIED.load(Ordering::SeqCst), 4);
+        looping.abort();
+    }
+
+    static TIDIED_ON: std::sync::Mutex<Vec<Option<usize>>> = std::sync::Mutex::new(Vec::new());
+    static TIDY_SEEN: std::sync::Condvar = std::sync::Condvar::new();
+
+    fn note_tidy() {
+        TIDIED_ON.lock().unwrap().push(this_worker());
+        TIDY_SEEN.notify_all();
+    }
+
+    /// Every worker thread calls the process's tidy function, on itself, while it runs.
+    #[test]
+    fn every_worker_tidies() {
+        assert!(tidy_with(note_tidy), "set once");
+        assert!(!tidy_with(count_tidy), "and only once");
+        let listeners = (0..2)
+            .map(|_| crate::listen::listen_std("127.0.0.1:0".parse().unwrap(), false).unwrap())
+            .collect();
+        let (stop, stop_rx) = watch::channel(false);
+        let workers = Workers::spawn("t", listeners, stop_rx, |_, _l, _live| {
+            std::future::pending::<()>()
+        })
+        .unwrap();
+        let seen = TIDIED_ON.lock().unwrap();
+        let (seen, waited) = TIDY_SEEN
+            .wait_timeout_while(seen, Duration::from_secs(30), |seen| {
+                !(seen.contains(&Some(0)) && seen.contains(&Some(1)))
+            })
+            .unwrap();
+        assert!(!waited.timed_out(), "tidied on {seen:?}");
+        assert!(
+            seen.iter().all(Option::is_some),
+            "only workers tidy: {seen:?}"
+        );
+        drop(seen);
+        stop.send(true).unwrap();
+        rt().block_on(workers.finish(Duration::from_secs(5)));
     }
 
     fn futures_poll<F: Future>(f: std::pin::Pin<&mut F>) -> std::task::Poll<F::Output> {
