@@ -802,15 +802,16 @@ impl Worker {
         }
     }
 
-    /// Closed loop: counts `items` as started, runs them, and after a failed connection
-    /// attempt waits a little so that a refusing server does not turn the loop into a spin.
+    /// Closed loop: counts `items` as started at `t0` (the caller's clock reading, just
+    /// before), runs them, and after a failed connection attempt waits a little so that a
+    /// refusing server does not turn the loop into a spin.
     async fn closed_items(
         &self,
         slot: &mut Slot,
         items: &[Item],
+        t0: Instant,
         pending: &mut Vec<Pending>,
     ) -> Flow {
-        let t0 = Instant::now();
         self.rec.borrow_mut().started(items.len(), t0);
         let flow = self
             .run_items(slot, items, t0, None, self.shared.end, pending)
@@ -832,6 +833,16 @@ impl Worker {
         self.shared.before_end(Instant::now())
     }
 
+    /// The configured think time between a closed loop's batches, if any. False when the run
+    /// ended during it; with no think time, true at once (the loop checks the end of the run
+    /// with its next batch's clock reading).
+    async fn think_between(&self) -> bool {
+        match self.think(None) {
+            Some(d) if !d.is_zero() => self.pause(Some(d)).await,
+            _ => true,
+        }
+    }
+
     /// Closed loop over the target URL (with `pipeline` requests per write).
     async fn url_loop(self: Rc<Self>) {
         let shared = self.shared.clone();
@@ -839,13 +850,16 @@ impl Worker {
         let mut slot = self.new_slot();
         let mut pending = Vec::new();
         loop {
-            if !shared.before_end(Instant::now()) || !shared.take_budget(items.len()) {
+            // One clock reading per batch: the end of the run is checked with the time the
+            // batch starts at.
+            let now = Instant::now();
+            if !shared.before_end(now) || !shared.take_budget(items.len()) {
                 break;
             }
-            if self.closed_items(&mut slot, items, &mut pending).await == Flow::Stop {
+            if self.closed_items(&mut slot, items, now, &mut pending).await == Flow::Stop {
                 break;
             }
-            if !self.pause(self.think(None)).await {
+            if !self.think_between().await {
                 break;
             }
         }
@@ -861,7 +875,8 @@ impl Worker {
         let mut slot = self.new_slot();
         let mut pending = Vec::new();
         loop {
-            if !shared.before_end(Instant::now()) || !shared.take_budget(1) {
+            let now = Instant::now();
+            if !shared.before_end(now) || !shared.take_budget(1) {
                 break;
             }
             let mut i = shared.next.fetch_add(1, Ordering::Relaxed);
@@ -872,10 +887,10 @@ impl Worker {
                 i %= items.len();
             }
             let one = std::slice::from_ref(&items[i]);
-            if self.closed_items(&mut slot, one, &mut pending).await == Flow::Stop {
+            if self.closed_items(&mut slot, one, now, &mut pending).await == Flow::Stop {
                 break;
             }
-            if !self.pause(self.think(None)).await {
+            if !self.think_between().await {
                 break;
             }
         }
@@ -916,7 +931,8 @@ impl Worker {
                     }
                 }
                 let items = &shared.rendered.items[range.clone()];
-                if self.closed_items(&mut slot, items, &mut pending).await == Flow::Stop {
+                let t0 = Instant::now();
+                if self.closed_items(&mut slot, items, t0, &mut pending).await == Flow::Stop {
                     break 'sessions;
                 }
             }
@@ -1037,8 +1053,11 @@ pub(crate) fn run_worker(
     threads: usize,
     connections: usize,
 ) -> std::io::Result<(Totals, Instant)> {
+    // I/O and timers only: the process driver of `enable_all` looks for exited children at
+    // every park of the loop (1 % of the generator's user time), and a worker starts none.
     let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
+        .enable_io()
+        .enable_time()
         .build()?;
     let steps = shared
         .cfg
