@@ -2,12 +2,13 @@
 //! and [`AgingCounter`].
 
 use std::borrow::Borrow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::hash::Hash;
 use std::time::Duration;
 
 use crate::ordered::OrdF64;
 use crate::policy::{check_aging, PolicyError};
+use crate::Map;
 
 /// Increment weights above this trigger a renormalization (2^64).
 const RENORMALIZE_ABOVE: f64 = 18_446_744_073_709_551_616.0;
@@ -42,7 +43,7 @@ pub(crate) struct AgingCore<K> {
     /// Start of the current aging period; `None` until time is first seen.
     epoch_start: Option<Duration>,
     weight: f64,
-    entries: HashMap<K, Slot>,
+    entries: Map<K, Slot>,
     order: BTreeMap<(OrdF64, u64), K>,
     next_seq: u64,
 }
@@ -56,7 +57,7 @@ impl<K: Hash + Eq> AgingCore<K> {
             factor,
             epoch_start: None,
             weight: 1.0,
-            entries: HashMap::new(),
+            entries: Map::default(),
             order: BTreeMap::new(),
             next_seq: 0,
         }

@@ -1,14 +1,13 @@
 //! The byte-bounded object cache.
 
 use std::borrow::Borrow;
-use std::collections::HashMap;
 use std::fmt;
 use std::hash::Hash;
 use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::{PolicyKind, ReplacementPolicy};
+use crate::{Map, PolicyKind, ReplacementPolicy};
 
 struct Entry<V> {
     value: V,
@@ -136,7 +135,7 @@ impl<K, V> InsertOutcome<K, V> {
 /// assert_eq!(cache.used_bytes(), 9);
 /// ```
 pub struct Cache<K, V> {
-    map: HashMap<K, Entry<V>>,
+    map: Map<K, Entry<V>>,
     policy: Box<dyn ReplacementPolicy<K>>,
     capacity: u64,
     used: u64,
@@ -154,7 +153,7 @@ impl<K: Hash + Eq + Clone, V> Cache<K, V> {
     /// The policy should be fresh (tracking no keys).
     pub fn new(capacity_bytes: u64, policy: Box<dyn ReplacementPolicy<K>>) -> Self {
         Cache {
-            map: HashMap::new(),
+            map: Map::default(),
             policy,
             capacity: capacity_bytes,
             used: 0,

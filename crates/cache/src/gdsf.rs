@@ -1,13 +1,13 @@
 //! GreedyDual-Size-Frequency replacement.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::hash::Hash;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::ordered::OrdF64;
-use crate::ReplacementPolicy;
+use crate::{Map, ReplacementPolicy};
 
 /// The cost of fetching an object on a miss, used by [`Gdsf`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -55,7 +55,7 @@ struct Slot {
 pub struct Gdsf<K> {
     cost: GdsfCost,
     inflation: f64,
-    entries: HashMap<K, Slot>,
+    entries: Map<K, Slot>,
     order: BTreeMap<(OrdF64, u64), K>,
     next_seq: u64,
 }
@@ -71,7 +71,7 @@ impl<K: Hash + Eq + Clone> Gdsf<K> {
         Gdsf {
             cost,
             inflation: 0.0,
-            entries: HashMap::new(),
+            entries: Map::default(),
             order: BTreeMap::new(),
             next_seq: 0,
         }

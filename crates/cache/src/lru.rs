@@ -1,10 +1,9 @@
 //! Least-recently-used replacement.
 
-use std::collections::HashMap;
 use std::hash::Hash;
 use std::time::Duration;
 
-use crate::ReplacementPolicy;
+use crate::{Map, ReplacementPolicy};
 
 const NIL: usize = usize::MAX;
 
@@ -25,7 +24,7 @@ struct Node<K> {
 /// capacity, whereas a policy here only orders keys; the slab keeps the list
 /// free of `unsafe` and allocation-free in steady state.
 pub struct Lru<K> {
-    index: HashMap<K, usize>,
+    index: Map<K, usize>,
     nodes: Vec<Node<K>>,
     /// Least recently used end.
     head: usize,
@@ -39,7 +38,7 @@ impl<K: Hash + Eq + Clone> Lru<K> {
     /// An empty LRU order.
     pub fn new() -> Self {
         Lru {
-            index: HashMap::new(),
+            index: Map::default(),
             nodes: Vec::new(),
             head: NIL,
             tail: NIL,

@@ -22,11 +22,11 @@
 //! simulator and the tests run the same code.
 
 use std::borrow::Borrow;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::hash::Hash;
 use std::time::Duration;
 
-use crate::{AgingCounter, Cache, InsertOutcome, LfuAging, PolicyError};
+use crate::{AgingCounter, Cache, InsertOutcome, LfuAging, Map, PolicyError};
 
 /// The default hot threshold: with counts halved every 10 s, a target's count settles near 20 x
 /// its request rate, so 200 makes a target hot from about 10 requests a second (counted with
@@ -83,7 +83,7 @@ impl ReplicationSettings {
 pub struct HotTargets<K, P> {
     counts: AgingCounter<K>,
     /// Peers holding a copy, as far as this owner knows, by target. Only for tracked targets.
-    holders: HashMap<K, HashSet<P>>,
+    holders: Map<K, HashSet<P>>,
     threshold: f64,
     max_object_bytes: u64,
     shipped: u64,
@@ -99,7 +99,7 @@ impl<K: Hash + Eq + Clone, P: Hash + Eq> HotTargets<K, P> {
                 settings.aging_factor,
                 settings.max_tracked,
             )?,
-            holders: HashMap::new(),
+            holders: Map::default(),
             threshold: settings.threshold,
             max_object_bytes: settings.max_object_bytes,
             shipped: 0,
