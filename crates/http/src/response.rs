@@ -29,6 +29,13 @@ impl<'a> ResponseHead<'a> {
         self
     }
 
+    /// Add header lines rendered beforehand, each ending in CRLF (or none).
+    pub fn lines(self, lines: &str) -> Self {
+        debug_assert!(lines.is_empty() || lines.ends_with("\r\n"));
+        self.out.extend_from_slice(lines.as_bytes());
+        self
+    }
+
     /// Add a header whose value is a number.
     pub fn header_u64(self, name: &str, value: u64) -> Self {
         self.out.extend_from_slice(name.as_bytes());
@@ -73,26 +80,31 @@ fn push_u64(out: &mut Vec<u8>, mut n: u64) {
     out.extend_from_slice(&buf[i..]);
 }
 
-/// The `Date` header value, formatted once per second.
+/// The `Date` and `Server` header lines that begin every answer, formatted once per second.
 #[derive(Debug, Default)]
 pub struct DateCache {
     second: u64,
-    value: String,
+    lines: String,
 }
 
 impl DateCache {
-    /// The IMF-fixdate for `now`, reformatted only when the second changes.
-    pub fn get(&mut self, now: SystemTime) -> &str {
+    /// `Date: <the IMF-fixdate of now>` and `Server: switchyard`, each ending in CRLF,
+    /// reformatted only when the second changes (for [`ResponseHead::lines`]).
+    pub fn lines(&mut self, now: SystemTime) -> &str {
         let s = now
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        if s != self.second || self.value.is_empty() {
+        if s != self.second || self.lines.is_empty() {
             self.second = s;
-            self.value.clear();
-            let _ = write!(self.value, "{}", httpdate::HttpDate::from(now));
+            self.lines.clear();
+            let _ = write!(
+                self.lines,
+                "Date: {}\r\nServer: switchyard\r\n",
+                httpdate::HttpDate::from(now)
+            );
         }
-        &self.value
+        &self.lines
     }
 }
 
@@ -134,9 +146,12 @@ mod tests {
     fn date_cache_changes_each_second() {
         let mut d = DateCache::default();
         let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(784_111_777);
-        assert_eq!(d.get(t), "Sun, 06 Nov 1994 08:49:37 GMT");
-        let t2 = t + std::time::Duration::from_secs(1);
-        assert_eq!(d.get(t2), "Sun, 06 Nov 1994 08:49:38 GMT");
+        let line = |d: &str| format!("Date: {d}\r\nServer: switchyard\r\n");
+        assert_eq!(d.lines(t), line("Sun, 06 Nov 1994 08:49:37 GMT"));
+        let t2 = t + std::time::Duration::from_millis(999);
+        assert_eq!(d.lines(t2), line("Sun, 06 Nov 1994 08:49:37 GMT"));
+        let t3 = t + std::time::Duration::from_secs(1);
+        assert_eq!(d.lines(t3), line("Sun, 06 Nov 1994 08:49:38 GMT"));
     }
 
     #[test]

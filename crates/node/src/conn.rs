@@ -230,13 +230,13 @@ impl Router for Unrouted {
 }
 
 thread_local! {
-    /// The `Date` value, formatted once per second per worker thread.
+    /// The `Date` and `Server` lines, formatted once per second per worker thread.
     static DATE: RefCell<DateCache> = RefCell::new(DateCache::default());
 }
 
-/// Run `f` with the current `Date` header value.
+/// Run `f` with the current `Date` and `Server` header lines ([`DateCache::lines`]).
 fn with_date<R>(f: impl FnOnce(&str) -> R) -> R {
-    DATE.with(|d| f(d.borrow_mut().get(SystemTime::now())))
+    DATE.with(|d| f(d.borrow_mut().lines(SystemTime::now())))
 }
 
 /// Where sendfile reads a body from.
@@ -958,10 +958,9 @@ impl<R: Router> Conn<'_, R> {
 
     /// A `302` to `location` with an empty body, queued in the output.
     pub(crate) fn redirect_response(&mut self, location: &str, keep: bool, http10: bool) {
-        with_date(|date| {
+        with_date(|date_server| {
             ResponseHead::new(&mut self.out, 302)
-                .header("Date", date)
-                .header("Server", "switchyard")
+                .lines(date_server)
                 .header("Location", location)
                 .content_length(0)
                 .connection(keep, http10)
@@ -1124,10 +1123,9 @@ impl<R: Router> Conn<'_, R> {
             Resolved::Redirect(location) => {
                 let query = head.target.find('?').map_or("", |i| &head.target[i..]);
                 let location = format!("{location}{query}");
-                with_date(|date| {
+                with_date(|date_server| {
                     ResponseHead::new(&mut self.out, 301)
-                        .header("Date", date)
-                        .header("Server", "switchyard")
+                        .lines(date_server)
                         .header("Location", &location)
                         .content_length(0)
                         .connection(keep, head.version == Version::Http10)
@@ -1172,10 +1170,9 @@ impl<R: Router> Conn<'_, R> {
             (None, None) => false,
         };
         if not_modified {
-            with_date(|date| {
+            with_date(|date_server| {
                 let mut h = ResponseHead::new(&mut self.out, 304)
-                    .header("Date", date)
-                    .header("Server", "switchyard")
+                    .lines(date_server)
                     .header("ETag", &info.etag)
                     .header("Last-Modified", &info.last_modified);
                 if let Some(v) = cache_answer {
@@ -1216,14 +1213,10 @@ impl<R: Router> Conn<'_, R> {
             }
             RangeDecision::Unsatisfiable => Some(format!("bytes */{}", info.len)),
         };
-        with_date(|date| {
+        with_date(|date_server| {
             let mut h = ResponseHead::new(&mut self.out, status)
-                .header("Date", date)
-                .header("Server", "switchyard")
-                .header("Content-Type", info.content_type)
-                .header("ETag", &info.etag)
-                .header("Last-Modified", &info.last_modified)
-                .header("Accept-Ranges", "bytes");
+                .lines(date_server)
+                .lines(&info.fields);
             if let Some(cr) = &content_range {
                 h = h.header("Content-Range", cr);
             }
@@ -1261,10 +1254,9 @@ impl<R: Router> Conn<'_, R> {
     fn error_response(&mut self, status: u16, keep: bool, method: Method, http10: bool) {
         let reason = switchyard_http::status::reason(status);
         let body = format!("{status} {reason}\n");
-        with_date(|date| {
+        with_date(|date_server| {
             let mut h = ResponseHead::new(&mut self.out, status)
-                .header("Date", date)
-                .header("Server", "switchyard")
+                .lines(date_server)
                 .header("Content-Type", "text/plain; charset=utf-8")
                 .content_length(body.len() as u64)
                 .connection(keep, http10);

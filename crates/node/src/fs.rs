@@ -42,6 +42,37 @@ pub struct FileInfo {
     pub etag: String,
     pub last_modified: String,
     pub content_type: &'static str,
+    /// The header lines that describe the entity, rendered once for every answer that carries
+    /// it: `Content-Type`, `ETag`, `Last-Modified` and `Accept-Ranges`, each ending in CRLF.
+    /// (Written header by header, they were a tenth of a node's user-space instructions per
+    /// request.)
+    pub fields: String,
+}
+
+impl FileInfo {
+    /// A file's description, with its header lines rendered.
+    pub fn new(
+        len: u64,
+        inode: u64,
+        mtime: SystemTime,
+        etag: String,
+        last_modified: String,
+        content_type: &'static str,
+    ) -> FileInfo {
+        let fields = format!(
+            "Content-Type: {content_type}\r\nETag: {etag}\r\nLast-Modified: {last_modified}\r\n\
+             Accept-Ranges: bytes\r\n"
+        );
+        FileInfo {
+            len,
+            inode,
+            mtime,
+            etag,
+            last_modified,
+            content_type,
+            fields,
+        }
+    }
 }
 
 /// The result of looking a path up beneath the root.
@@ -91,14 +122,14 @@ impl Root {
             return Lookup::NotFound;
         }
         let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-        let info = FileInfo {
-            len: meta.len(),
-            inode: meta.ino(),
+        let info = FileInfo::new(
+            meta.len(),
+            meta.ino(),
             mtime,
-            etag: make_etag(meta.ino(), meta.len(), mtime),
-            last_modified: http_date(mtime),
-            content_type: content_type(rel),
-        };
+            make_etag(meta.ino(), meta.len(), mtime),
+            http_date(mtime),
+            content_type(rel),
+        );
         Lookup::File(file, info)
     }
 }

@@ -247,14 +247,14 @@ impl Replication {
     pub(crate) fn receive(&self, r: ReplicaObject) {
         self.stats.received.fetch_add(1, Relaxed);
         let len = r.body.len() as u64;
-        let info = FileInfo {
+        let info = FileInfo::new(
             len,
-            inode: r.inode,
-            mtime: SystemTime::UNIX_EPOCH + Duration::from_nanos(r.mtime_ns),
-            etag: r.etag,
-            last_modified: r.last_modified,
-            content_type: switchyard_http::response::content_type(&r.target),
-        };
+            r.inode,
+            SystemTime::UNIX_EPOCH + Duration::from_nanos(r.mtime_ns),
+            r.etag,
+            r.last_modified,
+            switchyard_http::response::content_type(&r.target),
+        );
         let object = match CachedObject::from_bytes(r.body, info) {
             Ok(o) => Arc::new(o),
             Err(e) => {

@@ -104,10 +104,8 @@ impl<R: Router> Conn<'_, R> {
             };
         let status = if not_modified { 304 } else { o.status };
         let bodiless = not_modified || matches!(o.status, 100..=199 | 204 | 304);
-        with_date(|date| {
-            let mut h = ResponseHead::new(&mut self.out, status)
-                .header("Date", date)
-                .header("Server", "switchyard");
+        with_date(|date_server| {
+            let mut h = ResponseHead::new(&mut self.out, status).lines(date_server);
             for (name, v) in [
                 ("Content-Type", &o.content_type),
                 ("ETag", &o.etag),
@@ -147,10 +145,8 @@ impl<R: Router> Conn<'_, R> {
         let bodiless = matches!(spool.status, 100..=199 | 204 | 304);
         let out_mark = self.out.len();
         let written_mark = self.stats.bytes;
-        with_date(|date| {
-            let mut h = ResponseHead::new(&mut self.out, spool.status)
-                .header("Date", date)
-                .header("Server", "switchyard");
+        with_date(|date_server| {
+            let mut h = ResponseHead::new(&mut self.out, spool.status).lines(date_server);
             let k = &spool.kept;
             for (name, v) in [
                 ("Content-Type", &k.content_type),
@@ -234,10 +230,8 @@ impl<R: Router> Conn<'_, R> {
         let keep = keep && meta.body != BodyLength::UntilClose;
         let out_mark = self.out.len();
         let written_mark = self.stats.bytes;
-        with_date(|date| {
-            let mut h = ResponseHead::new(&mut self.out, meta.status)
-                .header("Date", date)
-                .header("Server", "switchyard");
+        with_date(|date_server| {
+            let mut h = ResponseHead::new(&mut self.out, meta.status).lines(date_server);
             for (name, v) in [
                 ("Content-Type", &kept.content_type),
                 ("ETag", &kept.etag),
