@@ -356,32 +356,24 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn tidying_comes_once_a_period() {
         let looping = tokio::spawn(tidy_every(Duration::from_secs(1), count_tidy));
-        let settle = || async {
+        // (time to advance by, in ms; calls made by then). The jump of 3,500 ms passes three
+        // periods: one call, then one per period from there.
+        let steps = [
+            (0, 0),
+            (999, 0),
+            (1, 1),
+            (1_000, 2),
+            (3_500, 3),
+            (999, 3),
+            (1, 4),
+        ];
+        for (at, (advance, calls)) in steps.into_iter().enumerate() {
+            tokio::time::advance(Duration::from_millis(advance)).await;
             for _ in 0..4 {
                 tokio::task::yield_now().await;
             }
-        };
-        settle().await;
-        assert_eq!(TIDIED.load(Ordering::SeqCst), 0, "not at the start");
-        tokio::time::advance(Duration::from_millis(999)).await;
-        settle().await;
-        assert_eq!(TIDIED.load(Ordering::SeqCst), 0, "not before a period");
-        tokio::time::advance(Duration::from_millis(1)).await;
-        settle().await;
-        assert_eq!(TIDIED.load(Ordering::SeqCst), 1);
-        tokio::time::advance(Duration::from_secs(1)).await;
-        settle().await;
-        assert_eq!(TIDIED.load(Ordering::SeqCst), 2);
-        // Late by three periods (the clock jumps past them): one call, then one per period.
-        tokio::time::advance(Duration::from_millis(3500)).await;
-        settle().await;
-        assert_eq!(TIDIED.load(Ordering::SeqCst), 3);
-        tokio::time::advance(Duration::from_millis(999)).await;
-        settle().await;
-        assert_eq!(TIDIED.load(Ordering::SeqCst), 3);
-        tokio::time::advance(Duration::from_millis(1)).await;
-        settle().await;
-        assert_eq!(TIDIED.load(Ordering::SeqCst), 4);
+            assert_eq!(TIDIED.load(Ordering::SeqCst), calls, "step {at}");
+        }
         looping.abort();
     }
 
