@@ -35,7 +35,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// mimalloc gives the pages a thread freed back to the system only after its purge delay
 /// (1 s), and only when some thread calls into it again after that. A burst of connections
 /// holds a task each until they park; freed on a worker that then has nothing to do, that
-/// memory stayed resident: 10,000 idle connections cost the node 9-17 MB, against 5 MB with
+/// memory stayed resident: 10,000 idle connections cost the node 9-17 MB, against 5-6 MB with
 /// the pages given back (bench/RESULTS.md).
 fn tidy_allocator() {
     // SAFETY: `mi_collect` takes no pointers and may be called on any thread at any time;

@@ -44,8 +44,8 @@ pub struct FileInfo {
     pub content_type: &'static str,
     /// The header lines that describe the entity, rendered once for every answer that carries
     /// it: `Content-Type`, `ETag`, `Last-Modified` and `Accept-Ranges`, each ending in CRLF.
-    /// (Written header by header, they were a tenth of a node's user-space instructions per
-    /// request.)
+    /// (Written one by one, they and the `Date` and `Server` lines took 5 % of a node's
+    /// user-space instructions per request.)
     pub fields: String,
 }
 
