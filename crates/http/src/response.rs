@@ -80,6 +80,9 @@ fn push_u64(out: &mut Vec<u8>, mut n: u64) {
     out.extend_from_slice(&buf[i..]);
 }
 
+/// The `Server` header's value in every answer this project writes.
+pub const SERVER: &str = "switchyard";
+
 /// The `Date` and `Server` header lines that begin every answer, formatted once per second.
 #[derive(Debug, Default)]
 pub struct DateCache {
@@ -88,7 +91,7 @@ pub struct DateCache {
 }
 
 impl DateCache {
-    /// `Date: <the IMF-fixdate of now>` and `Server: switchyard`, each ending in CRLF,
+    /// `Date: <the IMF-fixdate of now>` and `Server: <`[`SERVER`]`>`, each ending in CRLF,
     /// reformatted only when the second changes (for [`ResponseHead::lines`]).
     pub fn lines(&mut self, now: SystemTime) -> &str {
         let s = now
@@ -100,7 +103,7 @@ impl DateCache {
             self.lines.clear();
             let _ = write!(
                 self.lines,
-                "Date: {}\r\nServer: switchyard\r\n",
+                "Date: {}\r\nServer: {SERVER}\r\n",
                 httpdate::HttpDate::from(now)
             );
         }

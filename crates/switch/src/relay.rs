@@ -807,7 +807,7 @@ impl Client {
         self.answering();
         self.out.clear();
         ResponseHead::new(&mut self.out, status)
-            .header("Server", "switchyard")
+            .header("Server", switchyard_http::response::SERVER)
             .header("Location", location)
             .content_length(0)
             .connection(keep, head.version == Version::Http10)
@@ -973,7 +973,7 @@ fn error_response(
     let reason = switchyard_http::status::reason(status);
     let body = format!("{status} {reason}\n");
     let mut h = ResponseHead::new(out, status)
-        .header("Server", "switchyard")
+        .header("Server", switchyard_http::response::SERVER)
         .header("Content-Type", "text/plain; charset=utf-8")
         .content_length(body.len() as u64);
     if status == 503 {
