@@ -187,7 +187,9 @@ for i in $(seq 0 $((CLIENTS - 1))); do client_nss+=("$(host_field "client$i" net
 # client waited for ports. As load testers do, the client hosts reuse a TIME-WAIT port for a
 # new connection when that is safe (tcp_tw_reuse, by TCP timestamps) and use the wider range.
 for ns in "${client_nss[@]}"; do
-    ip netns exec "$ns" sysctl -qw net.ipv4.tcp_tw_reuse=1 "net.ipv4.ip_local_port_range=1024 65535"
+    # /proc/sys/net is the namespace's own; written directly, no procps needed.
+    ip netns exec "$ns" sh -c 'echo 1 > /proc/sys/net/ipv4/tcp_tw_reuse &&
+        echo "1024 65535" > /proc/sys/net/ipv4/ip_local_port_range'
 done
 switch_ns=$(host_field switch netns)
 switch_ip=$(host_field switch ip)
