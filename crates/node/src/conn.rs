@@ -1306,16 +1306,11 @@ impl<R: Router> Conn<'_, R> {
         .await;
         self.note_timeout(&sent);
         sent?;
-        self.ctx.metrics.bytes_out.fetch_add(done as u64, Relaxed);
+        self.ctx.metrics.count_bytes(done as u64, 0);
         self.stats.bytes += done as u64;
         self.out.clear();
         for t in self.pending.drain(..) {
-            let took = t.elapsed();
-            self.ctx
-                .metrics
-                .response_seconds
-                .observe(took.as_secs_f64());
-            self.ctx.metrics.latency.observe(took);
+            self.ctx.metrics.observe_response(t.elapsed());
         }
         if let Some(d) = self.router.as_deref_mut() {
             d.flushed();
@@ -1357,14 +1352,7 @@ impl<R: Router> Conn<'_, R> {
                 Ok(n) => {
                     left -= n as u64;
                     self.stats.bytes += n as u64;
-                    self.ctx
-                        .metrics
-                        .bytes_out
-                        .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
-                    self.ctx
-                        .metrics
-                        .sendfile_bytes
-                        .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+                    self.ctx.metrics.count_bytes(n as u64, n as u64);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if self.closing {
@@ -1412,7 +1400,7 @@ impl<R: Router> Conn<'_, R> {
         let limit = self.ctx.send_timeout;
         let (done, sent) = send_to_client(&mut self.stream, bytes, more, limit).await;
         self.stats.bytes += done as u64;
-        self.ctx.metrics.bytes_out.fetch_add(done as u64, Relaxed);
+        self.ctx.metrics.count_bytes(done as u64, 0);
         self.note_timeout(&sent);
         sent
     }

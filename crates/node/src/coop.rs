@@ -568,14 +568,14 @@ impl Cluster {
         let stats = self.owners.lock().policy.stats();
         let own = stats.nodes.get(self.me);
         let cache = store.cache_stats();
-        let mut latency = metrics.latency.snapshot().to_vec();
+        let mut latency = metrics.response_times().counts.to_vec();
         while latency.last() == Some(&0) {
             latency.pop();
         }
         switchyard_admin::cluster::MemberSample {
             name: self.name().to_owned(),
             requests: metrics.responses(),
-            bytes: metrics.bytes_out.load(Relaxed),
+            bytes: metrics.bytes_out(),
             connections: metrics.connections_active.load(Relaxed),
             load: own.map_or(0.0, |n| n.load),
             targets: own.map_or(0, |n| n.targets),

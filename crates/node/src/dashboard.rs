@@ -174,7 +174,7 @@ pub(crate) fn alone_sample(
 ) -> ClusterSample {
     let cache = store.cache_stats();
     let connections = metrics.connections_active.load(Relaxed);
-    let latency: LatencyCounts = metrics.latency.snapshot();
+    let latency: LatencyCounts = metrics.response_times().counts;
     ClusterSample {
         at,
         generation: 1,
@@ -188,7 +188,7 @@ pub(crate) fn alone_sample(
         hot: Vec::new(),
         nodes: vec![NodeSample {
             requests: metrics.responses(),
-            bytes: metrics.bytes_out.load(Relaxed),
+            bytes: metrics.bytes_out(),
             in_flight: connections,
             connections: Some(connections),
             cache_reported: cache.hits + cache.misses,

@@ -311,7 +311,7 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
         None => None,
     };
     let store = Arc::new(Store::new(&cfg)?);
-    let metrics = Arc::new(NodeMetrics::default());
+    let metrics = Arc::new(NodeMetrics::new(cfg.workers));
     let rescue = match &cfg.rescue {
         Some(r) => {
             r.validate()

@@ -1,36 +1,36 @@
 //! The node's Prometheus metrics.
 //!
 //! Hot-path counters are plain atomics (per status code: `StatusCounters`,
-//! so counting a request is one relaxed add and no label lookup);
-//! a collector turns them, and the object cache's own counters, into
-//! metric families at scrape time.
+//! so counting a request is one relaxed add and no label lookup). What every
+//! response updates (status, bytes, response time) is kept once per worker
+//! ([`PerWorker`]), so the workers never write the same cache lines; a
+//! collector adds the workers' counts up and turns them, and the object
+//! cache's own counters, into metric families at scrape time.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+use std::time::Duration;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use switchyard_admin::encode::{counter, gauge, labelled, StatusCounters};
+use switchyard_admin::dashboard::{LatencyHistogram, LatencyTotals};
+use switchyard_admin::encode::{counter, gauge, labelled, response_times, StatusCounters};
+use switchyard_runtime::per_worker::PerWorker;
 
 use crate::store::Store;
 
 /// Counters updated by connections.
 #[derive(Debug)]
 pub struct NodeMetrics {
-    status: StatusCounters,
-    pub bytes_out: AtomicU64,
-    pub sendfile_bytes: AtomicU64,
+    /// What each response adds to, one set per worker.
+    responses: PerWorker<ResponseCounters>,
     pub connections_total: AtomicU64,
     pub connections_active: AtomicU64,
     /// Failed accepts and the pauses taken for lack of descriptors or memory.
     pub accepts: switchyard_runtime::accept::AcceptStats,
     pub timeouts: AtomicU64,
-    /// Time from a complete request head to its response handed to the kernel.
-    pub response_seconds: Histogram,
-    /// The same times in the dashboard's buckets (quantiles of any period from two snapshots).
-    pub latency: switchyard_admin::dashboard::LatencyHistogram,
     /// Connection handoffs (switch to node) and back-end forwarding.
     pub handoff: HandoffMetrics,
     /// Requests forwarded to the application server (`[dynamic]`).
@@ -169,49 +169,94 @@ impl Default for HandoffMetrics {
     }
 }
 
+/// One worker's counts of the responses it sent.
+#[derive(Debug, Default)]
+struct ResponseCounters {
+    status: StatusCounters,
+    /// Response bytes written, heads and bodies.
+    bytes_out: AtomicU64,
+    /// Body bytes sent with sendfile.
+    sendfile_bytes: AtomicU64,
+    /// Time from a complete request head to its response handed to the kernel, in the
+    /// dashboard's buckets (Prometheus' histogram takes those two at a time).
+    times: LatencyHistogram,
+}
+
 impl Default for NodeMetrics {
     fn default() -> Self {
-        NodeMetrics {
-            status: StatusCounters::default(),
-            bytes_out: AtomicU64::new(0),
-            sendfile_bytes: AtomicU64::new(0),
-            connections_total: AtomicU64::new(0),
-            connections_active: AtomicU64::new(0),
-            accepts: Default::default(),
-            timeouts: AtomicU64::new(0),
-            // 10 µs … ~5 s
-            response_seconds: Histogram::new(exponential_buckets(0.000_01, 2.5, 15)),
-            latency: Default::default(),
-            handoff: HandoffMetrics::default(),
-            upstream: UpstreamMetrics::default(),
-        }
+        NodeMetrics::new(0)
     }
 }
 
 impl NodeMetrics {
+    /// Counters for a node of `workers` worker threads (0: one per core).
+    pub fn new(workers: usize) -> Self {
+        NodeMetrics {
+            responses: PerWorker::new(workers),
+            connections_total: AtomicU64::new(0),
+            connections_active: AtomicU64::new(0),
+            accepts: Default::default(),
+            timeouts: AtomicU64::new(0),
+            handoff: HandoffMetrics::default(),
+            upstream: UpstreamMetrics::default(),
+        }
+    }
+
     /// Count one response with this status code.
     pub fn count_status(&self, code: u16) {
-        self.status.count(code);
+        self.responses.local().status.count(code);
+    }
+
+    /// Count response bytes written (heads and bodies), `sendfile` of them sent with sendfile.
+    pub fn count_bytes(&self, written: u64, sendfile: u64) {
+        let r = self.responses.local();
+        r.bytes_out.fetch_add(written, Relaxed);
+        if sendfile > 0 {
+            r.sendfile_bytes.fetch_add(sendfile, Relaxed);
+        }
+    }
+
+    /// Count the time from a request's complete head to its response handed to the kernel.
+    pub fn observe_response(&self, took: Duration) {
+        self.responses.local().times.observe(took);
     }
 
     /// Responses sent so far, whatever their status.
     pub fn responses(&self) -> u64 {
-        self.status.nonzero().map(|(_, n)| n).sum()
+        StatusCounters::nonzero_of(self.responses.iter().map(|r| &r.status))
+            .map(|(_, n)| n)
+            .sum()
     }
 
     /// Responses sent with `code` so far.
     pub fn status_count(&self, code: u16) -> u64 {
-        self.status.get(code)
+        self.responses.iter().map(|r| r.status.get(code)).sum()
+    }
+
+    /// Response bytes written so far, heads and bodies.
+    pub fn bytes_out(&self) -> u64 {
+        self.responses
+            .iter()
+            .map(|r| r.bytes_out.load(Relaxed))
+            .sum()
+    }
+
+    /// Body bytes sent with sendfile so far.
+    pub fn sendfile_bytes(&self) -> u64 {
+        self.responses
+            .iter()
+            .map(|r| r.sendfile_bytes.load(Relaxed))
+            .sum()
+    }
+
+    /// The response times counted so far, every worker's together.
+    pub fn response_times(&self) -> LatencyTotals {
+        LatencyTotals::of(self.responses.iter().map(|r| &r.times))
     }
 }
 
 /// Register everything the node exports into `registry`.
 pub fn register(registry: &mut Registry, metrics: Arc<NodeMetrics>, store: Arc<Store>) {
-    registry.register(
-        "switchyard_node_response_seconds",
-        "Time from a parsed request to its response handed to the kernel",
-        metrics.response_seconds.clone(),
-    );
     registry.register(
         "switchyard_node_handoff_restore_seconds",
         "Time to restore a handed-in connection from its TCP_REPAIR state",
@@ -235,19 +280,25 @@ impl Collector for NodeCollector {
             "Responses sent, by status code",
             "status",
             true,
-            m.status.nonzero(),
+            StatusCounters::nonzero_of(m.responses.iter().map(|r| &r.status)),
+        )?;
+        response_times(
+            &mut enc,
+            "switchyard_node_response_seconds",
+            "Time from a parsed request to its response handed to the kernel",
+            &m.response_times(),
         )?;
         counter(
             &mut enc,
             "switchyard_node_bytes_out",
             "Response bytes written, heads and bodies",
-            m.bytes_out.load(Relaxed),
+            m.bytes_out(),
         )?;
         counter(
             &mut enc,
             "switchyard_node_sendfile_bytes",
             "Body bytes sent with sendfile",
-            m.sendfile_bytes.load(Relaxed),
+            m.sendfile_bytes(),
         )?;
         counter(
             &mut enc,

@@ -77,7 +77,7 @@ pub fn spawn(
                     disk_queue: clamp(store.disk_queue()),
                     cache_hits: cache.hits,
                     cache_misses: cache.misses,
-                    bytes_out: metrics.bytes_out.load(Relaxed),
+                    bytes_out: metrics.bytes_out(),
                 },
             };
             seq += 1;

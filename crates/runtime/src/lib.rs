@@ -30,6 +30,7 @@ pub mod idle;
 pub mod listen;
 pub mod nofile;
 pub mod park;
+pub mod per_worker;
 pub mod report;
 pub mod request;
 pub mod shed;

@@ -104,7 +104,7 @@ impl WeakLive {
 
 thread_local! {
     /// This thread's index among its [`Workers`], if it is one.
-    static INDEX: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    pub(crate) static INDEX: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
 }
 
 /// The index of the worker thread this is called on (`{name}-{index}`), or `None` on any

@@ -17,7 +17,7 @@ const FIRST: f64 = 50e-6;
 /// Growth from one bucket bound to the next.
 const GROWTH: f64 = 1.5;
 
-/// Cumulative counts per bucket.
+/// Counts per bucket (each bucket's own, not cumulative).
 pub type LatencyCounts = [u64; BUCKETS];
 
 /// The upper bound of every bucket but the open-ended last, in seconds, computed once.
@@ -37,16 +37,21 @@ pub fn bucket_of(d: Duration) -> usize {
     BOUNDS.partition_point(|&bound| bound < s)
 }
 
-/// A histogram of response times, shared by the tasks that observe.
+/// A histogram of response times and their sum. The tasks of one worker observe into one
+/// (a server keeps one per worker, `switchyard_runtime::per_worker`); readers add them up
+/// with [`LatencyTotals`].
 #[derive(Debug)]
 pub struct LatencyHistogram {
     buckets: [AtomicU64; BUCKETS],
+    /// Sum of the times observed, in nanoseconds (wraps after 584 years of response time).
+    sum_ns: AtomicU64,
 }
 
 impl Default for LatencyHistogram {
     fn default() -> Self {
         LatencyHistogram {
             buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            sum_ns: AtomicU64::new(0),
         }
     }
 }
@@ -55,11 +60,45 @@ impl LatencyHistogram {
     /// Count one response time.
     pub fn observe(&self, d: Duration) {
         self.buckets[bucket_of(d)].fetch_add(1, Relaxed);
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.sum_ns.fetch_add(ns, Relaxed);
     }
 
     /// The counts so far.
     pub fn snapshot(&self) -> LatencyCounts {
         std::array::from_fn(|i| self.buckets[i].load(Relaxed))
+    }
+}
+
+/// The counts and the summed time of several histograms (one per worker) together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LatencyTotals {
+    /// Responses per bucket.
+    pub counts: LatencyCounts,
+    /// All their times added up.
+    pub sum: Duration,
+}
+
+impl LatencyTotals {
+    /// The totals of `parts`.
+    pub fn of<'a>(parts: impl IntoIterator<Item = &'a LatencyHistogram>) -> Self {
+        let mut counts = [0; BUCKETS];
+        let mut sum_ns = 0u64;
+        for h in parts {
+            for (c, b) in counts.iter_mut().zip(&h.buckets) {
+                *c += b.load(Relaxed);
+            }
+            sum_ns = sum_ns.wrapping_add(h.sum_ns.load(Relaxed));
+        }
+        LatencyTotals {
+            counts,
+            sum: Duration::from_nanos(sum_ns),
+        }
+    }
+
+    /// How many responses were counted.
+    pub fn count(&self) -> u64 {
+        self.counts.iter().sum()
     }
 }
 
@@ -116,6 +155,20 @@ mod tests {
         assert_eq!(bucket_of(Duration::from_micros(75)), 1);
         assert_eq!(bucket_of(Duration::from_secs(3600)), BUCKETS - 1);
         assert!(upper_bound(BUCKETS - 2) > 200.0);
+    }
+
+    #[test]
+    fn totals_add_up_the_parts() {
+        let (a, b) = (LatencyHistogram::default(), LatencyHistogram::default());
+        a.observe(ms(1.0));
+        a.observe(ms(2.0));
+        b.observe(ms(1.0));
+        let t = LatencyTotals::of([&a, &b]);
+        assert_eq!(t.count(), 3);
+        assert_eq!(t.sum, Duration::from_millis(4));
+        assert_eq!(t.counts[bucket_of(ms(1.0))], 2);
+        assert_eq!(t.counts[bucket_of(ms(2.0))], 1);
+        assert_eq!(LatencyTotals::of([&a]).counts, a.snapshot());
     }
 
     #[test]

@@ -27,7 +27,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::Page;
 pub use hot::{HotCount, HotTargets};
-pub use latency::{LatencyCounts, LatencyHistogram};
+pub use latency::{LatencyCounts, LatencyHistogram, LatencyTotals};
 pub use rescue::{RescueBrief, RescueSite};
 
 /// The dashboard page: HTML, CSS and JavaScript in one file, no external resources.
