@@ -24,7 +24,10 @@
 # SWITCHYARD_BIN=/path/to/switchyard runs that binary (nodes and switch) and builds nothing;
 # SKIP_BUILD=1 runs $CARGO_TARGET_DIR/release/switchyard without building it. SWITCH_BIN
 # overrides how the switch is run (default: `switchyard switch` when the binary has that
-# subcommand, else the crate's example binary). Traffic goes to 127.0.0.1 only.
+# subcommand, else the crate's example binary). With COMPARE_BIN set to another switchyard
+# binary (an earlier build), its switch runs too, as "sw-chash-b" (consistent hashing, in front
+# of the same nodes), in the same rotation: a change to the switch is measured against the
+# build before it in the same run. Traffic goes to 127.0.0.1 only.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
@@ -39,7 +42,11 @@ FRONTS=${FRONTS:-"haproxy nginx sw-chash sw-lard floor"}
 SPLICE_TABLE=${SPLICE_TABLE:-1}
 wants() { [[ " $FRONTS " == *" $1 "* ]]; }
 wants haproxy || FRONTS="haproxy $FRONTS"
-N1=18101; N2=18102; HAP=18110; NGX=18111; SWC=18112; SWL=18113; SWS=18114; SWP=18115; FLR=18116
+N1=18101; N2=18102; HAP=18110; NGX=18111; SWC=18112; SWL=18113; SWS=18114; SWP=18115; FLR=18116; SWB=18117
+if [ -n "${COMPARE_BIN:-}" ]; then
+    [ -x "$COMPARE_BIN" ] || { echo "COMPARE_BIN $COMPARE_BIN is not an executable" >&2; exit 1; }
+    wants sw-chash-b || FRONTS="$FRONTS sw-chash-b"
+fi
 ulimit -n "$(ulimit -Hn)"
 
 for cmd in haproxy nginx wrk curl; do
@@ -155,7 +162,7 @@ if wants nginx; then
     ports="$ports $NGX"
 fi
 
-start_switch() { # port policy splice_min
+start_switch() { # port policy splice_min [switch command]
     cat > "$work/switch-$1.toml" <<CONF
 [switch]
 listen = "127.0.0.1:$1"
@@ -164,12 +171,13 @@ policy = "$2"
 workers = $cores
 splice_min_bytes = $3
 CONF
-    $SWITCH_BIN --config "$work/switch-$1.toml" 2>"$work/switch-$1.log" &
+    ${4:-$SWITCH_BIN} --config "$work/switch-$1.toml" 2>"$work/switch-$1.log" &
     pids+=($!)
     ports="$ports $1"
 }
 if wants sw-chash; then start_switch $SWC chash 65536; fi
 if wants sw-lard; then start_switch $SWL lard 65536; fi
+if wants sw-chash-b; then start_switch $SWB chash 65536 "$COMPARE_BIN switch"; fi
 extra_fronts=
 if [ "$SPLICE_TABLE" = 1 ]; then
     start_switch $SWS lard 1
@@ -189,7 +197,7 @@ for port in $ports; do
     [ $ok = 1 ] || { echo "port $port did not come up" >&2; cat "$work"/*.log >&2; exit 1; }
 done
 
-port_of() { case $1 in haproxy) echo $HAP;; nginx) echo $NGX;; sw-chash) echo $SWC;; sw-lard) echo $SWL;; sw-splice) echo $SWS;; sw-copy) echo $SWP;; floor) echo $FLR;; esac; }
+port_of() { case $1 in haproxy) echo $HAP;; nginx) echo $NGX;; sw-chash) echo $SWC;; sw-lard) echo $SWL;; sw-splice) echo $SWS;; sw-copy) echo $SWP;; floor) echo $FLR;; sw-chash-b) echo $SWB;; esac; }
 to_us() { awk '{v=$1; if (v ~ /us$/) {sub(/us/,"",v); print v} else if (v ~ /ms$/) {sub(/ms/,"",v); print v*1000} else if (v ~ /s$/) {sub(/s/,"",v); print v*1000000} else print v}'; }
 run_wrk() { # port size mode
     local extra=()

@@ -38,6 +38,11 @@ impl StatusCounters {
         self.0.get(code as usize).map_or(0, |c| c.load(Relaxed))
     }
 
+    /// Responses counted, whatever their code.
+    pub fn total(&self) -> u64 {
+        self.0.iter().map(|n| n.load(Relaxed)).sum()
+    }
+
     /// `(code, count)` for every code seen at least once, as label values.
     pub fn nonzero(&self) -> impl Iterator<Item = (String, u64)> + '_ {
         self.0.iter().enumerate().filter_map(|(code, n)| {
@@ -49,7 +54,7 @@ impl StatusCounters {
     /// [`nonzero`](Self::nonzero) of several sets of counters (one per worker) added up.
     pub fn nonzero_of<'a>(
         parts: impl IntoIterator<Item = &'a StatusCounters>,
-    ) -> impl Iterator<Item = (String, u64)> {
+    ) -> Vec<(String, u64)> {
         let mut totals = vec![0u64; CODES];
         for part in parts {
             for (t, n) in totals.iter_mut().zip(part.0.iter()) {
@@ -61,6 +66,7 @@ impl StatusCounters {
             .enumerate()
             .filter(|&(_, n)| n > 0)
             .map(|(code, n)| (code.to_string(), n))
+            .collect()
     }
 }
 
@@ -136,12 +142,13 @@ mod tests {
         s.count(999);
         assert_eq!(s.get(200), 2);
         assert_eq!(s.get(999), 0);
+        assert_eq!(s.total(), 3);
         let v: Vec<_> = s.nonzero().collect();
         assert_eq!(v, vec![("200".to_owned(), 2), ("404".to_owned(), 1)]);
         let t = StatusCounters::default();
         t.count(404);
         t.count(503);
-        let v: Vec<_> = StatusCounters::nonzero_of([&s, &t]).collect();
+        let v = StatusCounters::nonzero_of([&s, &t]);
         let want = [("200", 2), ("404", 2), ("503", 1)].map(|(c, n)| (c.to_owned(), n));
         assert_eq!(v, want);
     }

@@ -223,9 +223,7 @@ impl NodeMetrics {
 
     /// Responses sent so far, whatever their status.
     pub fn responses(&self) -> u64 {
-        StatusCounters::nonzero_of(self.responses.iter().map(|r| &r.status))
-            .map(|(_, n)| n)
-            .sum()
+        self.responses.iter().map(|r| r.status.total()).sum()
     }
 
     /// Responses sent with `code` so far.

@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 pub(crate) use switchyard_admin::dashboard::Hold;
-use switchyard_admin::dashboard::LatencyHistogram;
+use switchyard_admin::dashboard::{LatencyCounts, LatencyHistogram, LatencyTotals};
 use switchyard_policy::LoadReport;
+use switchyard_runtime::per_worker::PerWorker;
 use switchyard_upstream::{Connection, Pool};
 
 use crate::config::ControlAddr;
@@ -39,8 +40,8 @@ pub(crate) struct Backend {
     pub rises: AtomicU32,
     /// No longer part of the configuration: its health checker stops.
     pub retired: AtomicBool,
-    pub requests: AtomicU64,
-    pub bytes: AtomicU64,
+    /// What the node served, counted by each worker apart (every response adds to these).
+    served: PerWorker<Served>,
     pub active: AtomicU64,
     pub failures: AtomicU64,
     pub connects: AtomicU64,
@@ -48,29 +49,77 @@ pub(crate) struct Backend {
     pub handoffs: AtomicU64,
     /// Handoffs to the node that fell back (relayed or abandoned).
     pub fallbacks: AtomicU64,
-    /// Responses whose source (memory cache or not) the node reported.
-    pub cache_reported: AtomicU64,
-    /// Of those, the ones it answered from its memory cache.
-    pub cache_hits: AtomicU64,
-    /// Response times of the requests it served, as the switch sees them: relayed, from the
-    /// parsed head to the last byte relayed; handed off, from the dispatch to the node's
-    /// `Served`.
-    pub latency: LatencyHistogram,
     pub last_report: Mutex<Option<LoadReport>>,
     /// The node's handoff control connections (one per worker thread), when it has a control
     /// address.
     pub control: Option<std::sync::Arc<Control>>,
 }
 
+/// One worker's counts of what a node served.
+#[derive(Debug, Default)]
+struct Served {
+    /// Responses: relayed from the node, or reported served by it on handed-off connections.
+    requests: AtomicU64,
+    /// Their bytes.
+    bytes: AtomicU64,
+    /// Responses whose source (memory cache or not) the node reported.
+    cache_reported: AtomicU64,
+    /// Of those, the ones it answered from its memory cache.
+    cache_hits: AtomicU64,
+    /// Response times, as the switch sees them: relayed, from the parsed head to the last
+    /// byte relayed; handed off, from the dispatch to the node's `Served`.
+    latency: LatencyHistogram,
+}
+
 impl Backend {
-    /// A response's source as the node reported it (`None`: not reported).
-    pub fn count_cache(&self, from_cache: Option<bool>) {
+    /// One response the node served in `took`, of `bytes`; its source as the node reported
+    /// it (`None`: not reported).
+    pub fn count_response(&self, bytes: u64, from_cache: Option<bool>, took: Duration) {
+        let s = self.served.local();
+        s.requests.fetch_add(1, Relaxed);
+        s.bytes.fetch_add(bytes, Relaxed);
         if let Some(hit) = from_cache {
-            self.cache_reported.fetch_add(1, Relaxed);
+            s.cache_reported.fetch_add(1, Relaxed);
             if hit {
-                self.cache_hits.fetch_add(1, Relaxed);
+                s.cache_hits.fetch_add(1, Relaxed);
             }
         }
+        s.latency.observe(took);
+    }
+
+    /// `requests` responses of `bytes` in all that the node served without a time or source
+    /// (a redirect's target; those a node served on a handed-off connection without asking).
+    pub fn count_served(&self, requests: u64, bytes: u64) {
+        let s = self.served.local();
+        s.requests.fetch_add(requests, Relaxed);
+        s.bytes.fetch_add(bytes, Relaxed);
+    }
+
+    fn served_sum(&self, field: impl Fn(&Served) -> &AtomicU64) -> u64 {
+        self.served.iter().map(|s| field(s).load(Relaxed)).sum()
+    }
+
+    /// Responses the node served so far.
+    pub fn requests(&self) -> u64 {
+        self.served_sum(|s| &s.requests)
+    }
+
+    /// Their bytes.
+    pub fn bytes(&self) -> u64 {
+        self.served_sum(|s| &s.bytes)
+    }
+
+    /// Responses whose source the node reported, and of those its cache hits.
+    pub fn cache_counts(&self) -> (u64, u64) {
+        (
+            self.served_sum(|s| &s.cache_reported),
+            self.served_sum(|s| &s.cache_hits),
+        )
+    }
+
+    /// The response times counted so far.
+    pub fn latency(&self) -> LatencyCounts {
+        LatencyTotals::of(self.served.iter().map(|s| &s.latency)).counts
     }
 
     /// A backend keeping at most `max_idle` idle connections, with a control connection per
@@ -90,16 +139,12 @@ impl Backend {
             fails: AtomicU32::new(0),
             rises: AtomicU32::new(0),
             retired: AtomicBool::new(false),
-            requests: AtomicU64::new(0),
-            bytes: AtomicU64::new(0),
+            served: PerWorker::new(workers),
             active: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             connects: AtomicU64::new(0),
             handoffs: AtomicU64::new(0),
             fallbacks: AtomicU64::new(0),
-            cache_reported: AtomicU64::new(0),
-            cache_hits: AtomicU64::new(0),
-            latency: LatencyHistogram::default(),
             last_report: Mutex::new(None),
             control: control.map(|c| std::sync::Arc::new(Control::new(c, workers))),
         }

@@ -37,12 +37,13 @@ pub(crate) fn sample(shared: &Shared) -> ClusterSample {
         .enumerate()
         .map(|(i, b)| {
             let ns = stats.nodes.get(i);
+            let (cache_reported, hits) = b.cache_counts();
             NodeSample {
                 name: b.label.clone(),
                 up: b.is_up(),
                 held: b.hold(),
-                requests: b.requests.load(Relaxed),
-                bytes: b.bytes.load(Relaxed),
+                requests: b.requests(),
+                bytes: b.bytes(),
                 in_flight: b.active.load(Relaxed),
                 connections: b
                     .last_report
@@ -53,9 +54,9 @@ pub(crate) fn sample(shared: &Shared) -> ClusterSample {
                 fallbacks: b.fallbacks.load(Relaxed),
                 failures: b.failures.load(Relaxed),
                 targets: ns.map_or(0, |n| n.targets),
-                cache_reported: b.cache_reported.load(Relaxed),
-                hits: b.cache_hits.load(Relaxed),
-                latency: b.latency.snapshot(),
+                cache_reported,
+                hits,
+                latency: b.latency(),
                 coop: None,
             }
         })

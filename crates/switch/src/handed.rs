@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -122,8 +122,7 @@ impl Handed {
     pub fn count_totals(&mut self, requests: u64, bytes: u64) {
         let (r, b) = self.counted;
         if let Some(node) = self.gen.nodes.get(self.node) {
-            node.requests.fetch_add(requests.saturating_sub(r), Relaxed);
-            node.bytes.fetch_add(bytes.saturating_sub(b), Relaxed);
+            node.count_served(requests.saturating_sub(r), bytes.saturating_sub(b));
         }
         self.counted = (r.max(requests), b.max(bytes));
     }

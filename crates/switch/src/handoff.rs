@@ -631,11 +631,8 @@ fn on_message(
             });
             if let Some((d, gen, conn)) = done {
                 let node = &gen.nodes[d.node];
-                node.latency.observe(d.at.elapsed());
                 node.active.fetch_sub(1, Relaxed);
-                node.requests.fetch_add(1, Relaxed);
-                node.bytes.fetch_add(bytes, Relaxed);
-                node.count_cache(Some(from_cache));
+                node.count_response(bytes, Some(from_cache), d.at.elapsed());
                 shared.node_ok(node);
                 shared.metrics.count_status(status);
                 if d.counted {

@@ -460,7 +460,7 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
         gen_id: watch::Sender::new(0),
         workers,
         next_gen: AtomicU64::new(1),
-        metrics: SwitchMetrics::default(),
+        metrics: SwitchMetrics::new(workers),
         stop: stop_rx.clone(),
         freed: Notify::new(),
         queue_len: AtomicUsize::new(0),

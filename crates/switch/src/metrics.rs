@@ -1,7 +1,8 @@
 //! The switch's Prometheus metrics and its `/status.json` page.
 //!
-//! Hot-path counters are plain atomics; a collector turns them, the per-node counters and the
-//! policy's own statistics into metric families when `/metrics` is scraped:
+//! Hot-path counters are plain atomics (those every response adds to, one set per worker); a
+//! collector turns them, the per-node counters and the policy's own statistics into metric
+//! families when `/metrics` is scraped:
 //!
 //! | metric | labels | meaning |
 //! |---|---|---|
@@ -18,7 +19,7 @@
 //! | `switchyard_switch_reloads_total`, `_node_transitions_total` | | reloads, nodes going down or up |
 //! | `switchyard_switch_health_checks_total`, `_health_failures_total` | | active checks run, failed |
 //! | `switchyard_switch_load_reports_total`, `_load_reports_invalid_total` | | node load reports taken, refused |
-//! | `switchyard_switch_relay_seconds` | | histogram: request head parsed → response relayed |
+//! | `switchyard_switch_relay_seconds` | | histogram: request head parsed → response relayed (bounds 50 µs × 2.25^k) |
 //! | `switchyard_switch_node_requests_total` | `node` | responses relayed from the node or reported served by it |
 //! | `switchyard_switch_node_bytes_total` | `node` | response bytes of those |
 //! | `switchyard_switch_node_active` | `node` | requests in flight on the node |
@@ -47,7 +48,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 
-use switchyard_admin::encode::{counter, gauge, labelled};
+use switchyard_admin::encode::{counter, gauge, labelled, response_times};
 
 pub use crate::counters::{Rejection, SwitchMetrics};
 use crate::state::Shared;
@@ -55,11 +56,6 @@ use switchyard_admin::status::{HandoffStatus, NodeStatus, PolicyCounters, Switch
 
 /// Register the switch's metrics into `registry`.
 pub(crate) fn register(registry: &mut Registry, shared: Arc<Shared>) {
-    registry.register(
-        "switchyard_switch_relay_seconds",
-        "Time from a parsed request head to its response relayed to the client",
-        shared.metrics.relay_seconds.clone(),
-    );
     shared.handoffs.metrics.register(registry);
     registry.register_collector(Box::new(SwitchCollector { shared }));
 }
@@ -75,14 +71,19 @@ struct SwitchCollector {
 impl Collector for SwitchCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let m = &self.shared.metrics;
-        let statuses = m.status.nonzero();
         labelled(
             &mut enc,
             "switchyard_switch_requests",
             "Responses sent to clients, by status code",
             "status",
             true,
-            statuses,
+            m.statuses(),
+        )?;
+        response_times(
+            &mut enc,
+            "switchyard_switch_relay_seconds",
+            "Time from a parsed request head to its response relayed to the client",
+            &m.relay_times(),
         )?;
         labelled(
             &mut enc,
@@ -133,7 +134,7 @@ impl Collector for SwitchCollector {
             (
                 "switchyard_switch_splice_bytes",
                 "Response body bytes moved with splice",
-                m.splice_bytes.load(Relaxed),
+                m.splice_bytes(),
             ),
             (
                 "switchyard_switch_reloads",
@@ -205,13 +206,13 @@ impl Collector for SwitchCollector {
                 "switchyard_switch_node_requests",
                 "Responses relayed from the node or reported served by it",
                 true,
-                per_node(&|i| g.nodes[i].requests.load(Relaxed)),
+                per_node(&|i| g.nodes[i].requests()),
             ),
             (
                 "switchyard_switch_node_bytes",
                 "Response bytes relayed from the node or reported sent by it",
                 true,
-                per_node(&|i| g.nodes[i].bytes.load(Relaxed)),
+                per_node(&|i| g.nodes[i].bytes()),
             ),
             (
                 "switchyard_switch_node_failures",
@@ -363,8 +364,8 @@ pub(crate) fn status(shared: &Shared) -> SwitchStatus {
                 addr: b.addr,
                 up: b.is_up(),
                 active: b.active.load(Relaxed),
-                requests: b.requests.load(Relaxed),
-                bytes: b.bytes.load(Relaxed),
+                requests: b.requests(),
+                bytes: b.bytes(),
                 failures: b.failures.load(Relaxed),
                 pool_idle: b.idle_count() as u64,
                 targets: ns.map_or(0, |n| n.targets),

@@ -381,7 +381,7 @@ impl Client {
                     );
                 }
                 self.shared.request_done();
-                backend.requests.fetch_add(1, Relaxed);
+                backend.count_served(1, 0);
                 if let Some(r) = &self.shared.rescue {
                     r.answered(bytes);
                 }
@@ -456,15 +456,8 @@ impl Client {
                         r.relayed(&head.target, x.status, x.bytes);
                     }
                     self.shared.node_ok(&backend);
-                    backend.requests.fetch_add(1, Relaxed);
-                    backend.bytes.fetch_add(x.bytes, Relaxed);
-                    backend.count_cache(x.from_cache);
-                    self.shared.metrics.count_status(x.status);
-                    backend.latency.observe(took);
-                    self.shared
-                        .metrics
-                        .relay_seconds
-                        .observe(took.as_secs_f64());
+                    backend.count_response(x.bytes, x.from_cache, took);
+                    self.shared.metrics.count_relayed(x.status, took);
                     return if x.keep { None } else { Some(End::Quiet) };
                 }
                 Err(Fail::Node { status, retry }) => {
@@ -746,7 +739,7 @@ impl Client {
         let metrics = &self.shared.metrics;
         match relayed {
             Ok(done) => {
-                metrics.splice_bytes.fetch_add(done.spliced, Relaxed);
+                metrics.count_spliced(done.spliced);
                 if done.reusable {
                     b.put_idle(node);
                 }
@@ -758,7 +751,7 @@ impl Client {
                 })
             }
             Err(f) => {
-                metrics.splice_bytes.fetch_add(f.spliced, Relaxed);
+                metrics.count_spliced(f.spliced);
                 match f.error {
                     upstream::Error::Client(e) => {
                         if e.kind() == io::ErrorKind::TimedOut {
