@@ -25,11 +25,7 @@ impl<T: Default> PerWorker<T> {
     /// Slots for `workers` worker threads (0: one per core, as
     /// [`worker_count`] counts them) and one for every other thread.
     pub fn new(workers: usize) -> Self {
-        PerWorker {
-            slots: (0..=worker_count(workers))
-                .map(|_| CachePadded::new(T::default()))
-                .collect(),
-        }
+        PerWorker::with(workers, T::default)
     }
 }
 
@@ -41,6 +37,15 @@ impl<T: Default> Default for PerWorker<T> {
 }
 
 impl<T> PerWorker<T> {
+    /// [`new`](Self::new), each slot made by `make`.
+    pub fn with(workers: usize, mut make: impl FnMut() -> T) -> Self {
+        PerWorker {
+            slots: (0..=worker_count(workers))
+                .map(|_| CachePadded::new(make()))
+                .collect(),
+        }
+    }
+
     /// This thread's slot.
     pub fn local(&self) -> &T {
         let last = self.slots.len() - 1;

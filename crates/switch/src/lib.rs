@@ -132,6 +132,7 @@ use switchyard_admin::{Admin, Page};
 use switchyard_policy::{NodeId, NodeSpec};
 use switchyard_runtime::accept::{accept_loop, AcceptStats, Incoming, Listener, WhenFull};
 use switchyard_runtime::listen::{deferral, listen_reuseport};
+use switchyard_runtime::per_worker::PerWorker;
 use switchyard_runtime::{ClientSocket, Live, Workers};
 use switchyard_upstream::splice::send_to_client;
 use tokio::sync::{watch, Notify, Semaphore};
@@ -474,14 +475,11 @@ pub async fn start(cfg: SwitchConfig) -> Result<RunningSwitch, SwitchError> {
         accepts: AcceptStats::default(),
         waiting: switchyard_runtime::shed::WaitingClients::new(),
         nofile,
-        // One counter per worker thread, and one more for any other thread.
-        hot: (0..=workers)
-            .map(|_| {
-                Mutex::new(switchyard_admin::dashboard::HotTargets::new(
-                    dashboard::HOT_CAPACITY,
-                ))
-            })
-            .collect(),
+        hot: PerWorker::with(workers, || {
+            Mutex::new(switchyard_admin::dashboard::HotTargets::new(
+                dashboard::HOT_CAPACITY,
+            ))
+        }),
         rescue,
     });
     let (gen, fresh) = build_generation(&shared, &cfg, None)?;

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed, Or
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use switchyard_runtime::accept::AcceptStats;
+use switchyard_runtime::per_worker::PerWorker;
 
 use parking_lot::{Mutex, RwLock};
 use switchyard_admin::dashboard::HotTargets;
@@ -58,7 +59,7 @@ pub(crate) struct Shared {
     /// The most requested targets since the dashboard's last sample, with their nodes: one
     /// counter per thread that counts ([`Shared::dispatched`]), merged when sampled, so that
     /// no lock or cache line is written by every thread at every request.
-    pub hot: Vec<Mutex<HotTargets>>,
+    pub hot: PerWorker<Mutex<HotTargets>>,
     /// With `[rescue.peering]`: the rescue driver of the site this switch is the face of.
     pub(crate) rescue: Option<crate::rescue::SiteRescue>,
 }
@@ -160,10 +161,7 @@ impl Shared {
     /// A request for `target` was dispatched to node `node` (an index of the generation in
     /// force): counted for the dashboard's hot targets.
     pub fn dispatched(&self, target: &str, node: usize) {
-        // Worker `i` counts in counter `i`; any other thread in the last one.
-        let last = self.hot.len() - 1;
-        let i = switchyard_runtime::workers::this_worker().map_or(last, |w| w.min(last));
-        self.hot[i].lock().record(target, node as u32);
+        self.hot.local().lock().record(target, node as u32);
     }
 
     /// A request's node is free again: a request waiting in the queue for one may go. Only
