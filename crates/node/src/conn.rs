@@ -243,16 +243,17 @@ fn with_date<R>(f: impl FnOnce(&str) -> R) -> R {
 enum SendSource {
     /// A file too large for the cache, opened for this response.
     Disk(File),
-    /// A cached object kept in a sealed memfd.
+    /// A cached object kept in the store's memfd arena.
     Cached(Arc<CachedObject>),
 }
 
 impl SendSource {
-    fn file(&self) -> Option<&File> {
+    /// The file and where the body starts in it.
+    fn file(&self) -> Option<(&File, u64)> {
         match self {
-            SendSource::Disk(f) => Some(f),
+            SendSource::Disk(f) => Some((f, 0)),
             SendSource::Cached(o) => match &o.content {
-                Content::Sealed(f) => Some(f),
+                Content::Arena(s) => Some((s.file(), s.offset())),
                 Content::Inline(_) => None,
             },
         }
@@ -915,11 +916,11 @@ impl<R: Router> Conn<'_, R> {
             }
             Body::Bytes(b) => self.out.extend_from_slice(&b),
             Body::File { src, offset, len } => {
-                let Some(file) = src.file() else {
+                let Some((file, start)) = src.file() else {
                     return Some(End::Broken);
                 };
                 if self.write_out(true).await.is_err()
-                    || self.sendfile(file, offset, len).await.is_err()
+                    || self.sendfile(file, start + offset, len).await.is_err()
                 {
                     return Some(End::Broken);
                 }
@@ -1104,7 +1105,7 @@ impl<R: Router> Conn<'_, R> {
             Resolved::Memory { object, hit } => {
                 let src = match &object.content {
                     Content::Inline(b) => Source::Memory(b.clone()),
-                    Content::Sealed(_) => Source::File(SendSource::Cached(object.clone())),
+                    Content::Arena(_) => Source::File(SendSource::Cached(object.clone())),
                 };
                 let body = self.entity(head, keep, &object.info, src, hit);
                 self.last_hit = hit;

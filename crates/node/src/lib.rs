@@ -58,6 +58,7 @@
 //!    peers' `/member.json`;
 //! 8. the crate root: [`start`], the accept loops, [`RunningNode`].
 
+pub mod arena;
 pub mod config;
 mod conn;
 mod coop;
@@ -210,8 +211,8 @@ impl RunningNode {
 }
 
 /// Descriptors kept for what is not a client connection: listeners, the admin listener,
-/// the runtime's own (epoll, eventfds), handoff control connections, log files, cached objects
-/// held in memfds.
+/// the runtime's own (epoll, eventfds), handoff control connections, log files, the object
+/// arena's memfd.
 const RESERVED_DESCRIPTORS: u64 = 1024;
 /// Descriptors one client connection may hold at once: its socket and a file it is sent (or a
 /// connection to the node it is forwarded from).
@@ -269,10 +270,12 @@ fn limits(cfg: &NodeConfig) -> Limits {
 pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
     let max_connections = max_connections(&cfg)?;
     let (stop, stop_rx) = watch::channel(false);
+    let store = Arc::new(Store::new(&cfg)?);
     let replication = match &cfg.cluster {
         Some(c) if c.replication.enabled => Some(Arc::new(replica::Replication::new(
             &c.replication,
             Duration::from_millis(cfg.cache_revalidate_ms),
+            store.arena(),
         )?)),
         _ => None,
     };
@@ -310,7 +313,6 @@ pub async fn start(mut cfg: NodeConfig) -> Result<RunningNode, NodeError> {
         }
         None => None,
     };
-    let store = Arc::new(Store::new(&cfg)?);
     let metrics = Arc::new(NodeMetrics::new(cfg.workers));
     let rescue = match &cfg.rescue {
         Some(r) => {

@@ -31,6 +31,7 @@ use parking_lot::Mutex;
 use switchyard_cache::replication::{HotTargets, Lookup, ReplicaStats, Replicas};
 use switchyard_handoff::proto::{Message, ReplicaObject};
 
+use crate::arena::Arena;
 use crate::config::ReplicationConfig;
 use crate::error::NodeError;
 use crate::fs::FileInfo;
@@ -86,13 +87,19 @@ pub(crate) struct Replication {
     /// announced with it and not yet answered.
     checks: Mutex<HashMap<(String, String), (String, u32)>>,
     origin: Instant,
+    /// Where large copies are kept (the store's arena).
+    arena: Option<Arc<Arena>>,
     pub stats: ReplicationStats,
 }
 
 impl Replication {
     /// Replication as `cfg` sets it, with copies trusted for `fresh_for` after their owner's
-    /// last check (the cluster's `cache_revalidate_ms`).
-    pub(crate) fn new(cfg: &ReplicationConfig, fresh_for: Duration) -> Result<Self, NodeError> {
+    /// last check (the cluster's `cache_revalidate_ms`) and large copies kept in `arena`.
+    pub(crate) fn new(
+        cfg: &ReplicationConfig,
+        fresh_for: Duration,
+        arena: Option<Arc<Arena>>,
+    ) -> Result<Self, NodeError> {
         let settings = cfg.settings();
         let bad = |e| NodeError::Config(format!("[cluster.replication]: {e}"));
         Ok(Replication {
@@ -101,6 +108,7 @@ impl Replication {
             fresh_for,
             checks: Mutex::new(HashMap::new()),
             origin: Instant::now(),
+            arena,
             stats: ReplicationStats::default(),
         })
     }
@@ -255,7 +263,7 @@ impl Replication {
             r.last_modified,
             switchyard_http::response::content_type(&r.target),
         );
-        let object = match CachedObject::from_bytes(r.body, info) {
+        let object = match CachedObject::from_bytes(r.body, info, self.arena.as_ref()) {
             Ok(o) => Arc::new(o),
             Err(e) => {
                 self.stats.unusable.fetch_add(1, Relaxed);
@@ -265,11 +273,17 @@ impl Replication {
         };
         let now = self.now();
         let age = Duration::from_millis(r.age_ms);
-        let (stored, gone) =
-            self.replicas
-                .lock()
-                .insert(r.target, object, len, r.copies, age, self.fresh_for, now);
-        // Dropped outside the lock (a memfd's pages are freed here).
+        let charge = object.charge();
+        let (stored, gone) = self.replicas.lock().insert(
+            r.target,
+            object,
+            charge,
+            r.copies,
+            age,
+            self.fresh_for,
+            now,
+        );
+        // Dropped outside the lock (an arena's pages are freed here).
         drop(gone);
         if !stored {
             tracing::debug!(

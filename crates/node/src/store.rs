@@ -17,9 +17,11 @@
 //! Cached objects up to [`INLINE_MAX`] bytes are kept as plain byte
 //! buffers and leave with their response head in one write (copied behind
 //! it when small, gathered with it from 4 KiB on). Larger ones
-//! are kept in a sealed memfd: still memory (shmem pages, counted against
-//! the same byte budget), but sendfile(2) can hand its pages to the socket
-//! without a copy, which on loopback halves the cost of a 100 KiB response.
+//! are kept in the store's [`Arena`], one memfd for them all: still memory
+//! (shmem pages, counted in whole pages against the same byte budget), but
+//! sendfile(2) can hand its pages to the socket without a copy, which on
+//! loopback halves the cost of a 100 KiB response. A large object the arena
+//! has no room for is kept as a byte buffer too.
 //!
 //! Reads of small files happen on the worker thread: for files in the page
 //! cache an `openat2` + `fstat` + `pread` costs a few microseconds, while a
@@ -38,6 +40,7 @@ use parking_lot::Mutex;
 use switchyard_cache::{Cache, CacheStats, PolicyKind};
 use switchyard_http::path::CleanPath;
 
+use crate::arena::{Arena, Slice};
 use crate::config::NodeConfig;
 use crate::disk::{Direct, DiskModel};
 use crate::error::NodeError;
@@ -49,10 +52,10 @@ pub const INLINE_MAX: u64 = 16 * 1024;
 /// The bytes of a cached object.
 #[derive(Debug)]
 pub enum Content {
-    /// Small: written with the response head.
+    /// Small (or no room in the arena): written with the response head.
     Inline(Bytes),
-    /// Larger: a sealed memfd, sent with sendfile.
-    Sealed(File),
+    /// Larger: pages of the store's memfd arena, sent with sendfile.
+    Arena(Slice),
 }
 
 /// A file held in memory.
@@ -89,6 +92,8 @@ pub enum Resolved {
 pub struct Store {
     root: Root,
     cache: Option<Mutex<Cache<String, Arc<CachedObject>>>>,
+    /// Where objects over [`INLINE_MAX`] are kept, for the cache and the replica cache.
+    arena: Option<Arc<Arena>>,
     max_object: u64,
     revalidate: Duration,
     disk: Option<Mutex<DiskModel>>,
@@ -123,14 +128,34 @@ impl Store {
         } else {
             None
         };
+        let replica_bytes = match &cfg.cluster {
+            Some(c) if c.replication.enabled => c.replication.replica_bytes,
+            _ => 0,
+        };
+        let arena = match cfg.cache_bytes.saturating_add(replica_bytes) {
+            0 => None,
+            // Room for the budgets four times over, for the objects evicted while responses
+            // still send them and for the allocator's rounding; only pages written take
+            // memory.
+            budget => Some(
+                Arena::new(
+                    budget.saturating_mul(4).saturating_add(ARENA_SLACK),
+                    u32::try_from(budget / INLINE_MAX * 2 + 1024).unwrap_or(u32::MAX),
+                )
+                .map_err(|e| NodeError::Config(format!("cannot create the object arena: {e}")))?,
+            ),
+        };
         let cache = (cfg.cache_bytes > 0).then(|| {
             let mut c = Cache::with_kind(cfg.cache_bytes, kind);
-            c.set_max_object_bytes(Some(cfg.cache_max_object_bytes));
+            // Objects are charged in whole pages: the largest cacheable one must still fit.
+            let max = cfg.cache_max_object_bytes;
+            c.set_max_object_bytes(Some(arena.as_ref().map_or(max, |a| a.charge(max))));
             Mutex::new(c)
         });
         Ok(Store {
             root,
             cache,
+            arena,
             max_object: cfg.cache_max_object_bytes,
             revalidate: Duration::from_millis(cfg.cache_revalidate_ms),
             disk: cfg
@@ -268,7 +293,7 @@ impl Store {
                 return Resolved::Direct(direct, info);
             }
             let content = match self.read_direct(direct, 0, info.len as usize).await {
-                Ok(bytes) => content_of(bytes),
+                Ok(bytes) => self.content_of(bytes),
                 Err(e) => Err(e),
             };
             return match content {
@@ -279,7 +304,7 @@ impl Store {
         if !cacheable {
             return Resolved::File(file, info);
         }
-        match load(&file, info.len) {
+        match read_all(&file, info.len).and_then(|bytes| self.content_of(bytes)) {
             Ok(content) => self.admit(key.into_owned(), content, info),
             Err(e) => Resolved::Failed(e),
         }
@@ -305,7 +330,7 @@ impl Store {
             validated_at: AtomicU64::new(self.now().as_nanos() as u64),
         });
         if let Some(cache) = &self.cache {
-            let size = object.info.len;
+            let size = object.charge();
             let outcome = cache.lock().insert(key, object.clone(), size, self.now());
             // Evicted objects are dropped here, outside the lock.
             drop(outcome);
@@ -331,17 +356,47 @@ impl Drop for DiskGuard<'_> {
     }
 }
 
-/// Read a file into memory: inline bytes or a sealed memfd.
-fn load(file: &File, len: u64) -> io::Result<Content> {
-    content_of(read_all(file, len)?)
+/// Address space of the arena beyond four times the budgets (sparse, so free).
+const ARENA_SLACK: u64 = 64 << 20;
+
+impl Store {
+    fn content_of(&self, bytes: Vec<u8>) -> io::Result<Content> {
+        content_of(bytes, self.arena.as_ref())
+    }
+
+    /// The arena that holds the cache's large objects (none without a cache or replicas).
+    pub fn arena(&self) -> Option<Arc<Arena>> {
+        self.arena.clone()
+    }
+}
+
+/// Bytes as cached content: inline when small (or when there is no room in `arena`), else in
+/// `arena`.
+fn content_of(bytes: Vec<u8>, arena: Option<&Arc<Arena>>) -> io::Result<Content> {
+    if bytes.len() as u64 > INLINE_MAX {
+        if let Some(arena) = arena {
+            if let Some(slice) = arena.store(&bytes)? {
+                return Ok(Content::Arena(slice));
+            }
+            tracing::debug!(
+                len = bytes.len(),
+                "no room in the object arena: kept inline"
+            );
+        }
+    }
+    Ok(Content::Inline(Bytes::from(bytes)))
 }
 
 impl CachedObject {
     /// An object held in memory that did not come from this node's disk (a replica): `bytes`
-    /// with the identity `info` its owner gave it.
-    pub fn from_bytes(bytes: Vec<u8>, info: FileInfo) -> io::Result<CachedObject> {
+    /// with the identity `info` its owner gave it, in `arena` when large.
+    pub fn from_bytes(
+        bytes: Vec<u8>,
+        info: FileInfo,
+        arena: Option<&Arc<Arena>>,
+    ) -> io::Result<CachedObject> {
         Ok(CachedObject {
-            content: content_of(bytes)?,
+            content: content_of(bytes, arena)?,
             info,
             validated_at: AtomicU64::new(0),
         })
@@ -351,36 +406,18 @@ impl CachedObject {
     pub fn to_bytes(&self) -> io::Result<Vec<u8>> {
         match &self.content {
             Content::Inline(b) => Ok(b.to_vec()),
-            Content::Sealed(f) => read_all(f, self.info.len),
+            Content::Arena(s) => s.to_vec(),
         }
     }
-}
 
-/// Bytes as cached content: inline when small, else a sealed memfd.
-fn content_of(bytes: Vec<u8>) -> io::Result<Content> {
-    let len = bytes.len() as u64;
-    if len <= INLINE_MAX {
-        return Ok(Content::Inline(Bytes::from(bytes)));
+    /// The memory the object holds, as caches charge it: its length, in whole pages when it
+    /// is in the arena.
+    pub fn charge(&self) -> u64 {
+        match &self.content {
+            Content::Inline(b) => b.len() as u64,
+            Content::Arena(s) => s.charge(),
+        }
     }
-    use nix::fcntl::{fcntl, FcntlArg, SealFlag};
-    use nix::sys::memfd::{memfd_create, MFdFlags};
-    use std::io::Write;
-    let fd = memfd_create(
-        c"switchyard-object",
-        MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
-    )?;
-    let mut memfd = File::from(fd);
-    memfd.write_all(&bytes)?;
-    fcntl(
-        &memfd,
-        FcntlArg::F_ADD_SEALS(
-            SealFlag::F_SEAL_SHRINK
-                | SealFlag::F_SEAL_GROW
-                | SealFlag::F_SEAL_WRITE
-                | SealFlag::F_SEAL_SEAL,
-        ),
-    )?;
-    Ok(Content::Sealed(memfd))
 }
 
 fn same_file(a: &FileInfo, b: &FileInfo) -> bool {

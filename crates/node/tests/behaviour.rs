@@ -159,6 +159,49 @@ fn cache_stays_within_budget_and_evicts() {
     assert_eq!(n.metric("switchyard_node_cache_capacity_bytes"), 50_000.0);
 }
 
+/// Cached objects over 16 KiB share one memfd at their own offsets and leave with sendfile:
+/// each comes back whole and in part, before and after others are evicted and their pages
+/// taken by new ones, and the cache charges them in whole pages.
+#[test]
+fn large_cached_objects_are_sent_from_the_arena() {
+    let sizes = [16 * 1024 + 1, 20_000, 40_000, 65_536, 100_000];
+    let n = TestNode::start(
+        move |r| {
+            for (i, len) in sizes.iter().enumerate() {
+                write(r, &format!("o{i}.bin"), &pattern(*len, i as u8));
+            }
+        },
+        |c| {
+            c.cache_bytes = 200 * 1024;
+            c.cache_policy = "lru".into();
+        },
+    );
+    let mut c = n.client();
+    let mut sent = 0.0;
+    for round in 0..3 {
+        for (i, &len) in sizes.iter().enumerate() {
+            let want = pattern(len, i as u8);
+            let r = c.get(&format!("/o{i}.bin"));
+            assert!(r.body == want, "round {round} object {i}");
+            let range =
+                format!("GET /o{i}.bin HTTP/1.1\r\nHost: t\r\nRange: bytes=4000-8191\r\n\r\n");
+            let r = c.raw(range.as_bytes());
+            assert_eq!(r.status, 206);
+            assert!(
+                r.body == want[4000..8192],
+                "round {round} object {i}, range"
+            );
+            sent += (len + 4192) as f64;
+        }
+    }
+    // Not all fit: objects went and their pages were reused.
+    assert!(n.metric("switchyard_node_cache_evictions_total") >= 2.0);
+    let held = n.metric("switchyard_node_cache_bytes");
+    assert!(held > 0.0 && held <= 200.0 * 1024.0);
+    assert_eq!(held % 4096.0, 0.0, "charged in whole pages: {held}");
+    assert!(n.metric("switchyard_node_sendfile_bytes_total") >= sent);
+}
+
 #[test]
 fn large_files_bypass_the_cache_and_use_sendfile() {
     let big = pattern(3 * 1024 * 1024 + 17, 9);
