@@ -233,18 +233,12 @@ impl NodeMetrics {
 
     /// Response bytes written so far, heads and bodies.
     pub fn bytes_out(&self) -> u64 {
-        self.responses
-            .iter()
-            .map(|r| r.bytes_out.load(Relaxed))
-            .sum()
+        self.responses.sum(|r| &r.bytes_out)
     }
 
     /// Body bytes sent with sendfile so far.
     pub fn sendfile_bytes(&self) -> u64 {
-        self.responses
-            .iter()
-            .map(|r| r.sendfile_bytes.load(Relaxed))
-            .sum()
+        self.responses.sum(|r| &r.sendfile_bytes)
     }
 
     /// The response times counted so far, every worker's together.

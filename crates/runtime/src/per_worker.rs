@@ -7,6 +7,8 @@
 //! histograms (bench/RESULTS.md, 2026-11-29 afternoon), some 8 % of its work. One slot per
 //! worker, each on its own cache line, keeps those lines where they are written.
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
 use crossbeam_utils::CachePadded;
 
 use crate::listen::worker_count;
@@ -56,11 +58,15 @@ impl<T> PerWorker<T> {
     pub fn iter(&self) -> impl Iterator<Item = &T> {
         self.slots.iter().map(|s| &**s)
     }
+
+    /// The counter `field` picks from each slot, added up over the slots.
+    pub fn sum(&self, field: impl Fn(&T) -> &AtomicU64) -> u64 {
+        self.iter().map(|s| field(s).load(Relaxed)).sum()
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     use std::sync::Arc;
 
     use super::*;
@@ -95,6 +101,7 @@ mod tests {
         count_as(&slots, Some(7));
         slots.local().fetch_add(1, Relaxed);
         assert_eq!(counts(&slots), [1, 2, 1, 3]);
+        assert_eq!(slots.sum(|c| c), 7);
     }
 
     #[test]

@@ -95,25 +95,21 @@ impl Backend {
         s.bytes.fetch_add(bytes, Relaxed);
     }
 
-    fn served_sum(&self, field: impl Fn(&Served) -> &AtomicU64) -> u64 {
-        self.served.iter().map(|s| field(s).load(Relaxed)).sum()
-    }
-
     /// Responses the node served so far.
     pub fn requests(&self) -> u64 {
-        self.served_sum(|s| &s.requests)
+        self.served.sum(|s| &s.requests)
     }
 
     /// Their bytes.
     pub fn bytes(&self) -> u64 {
-        self.served_sum(|s| &s.bytes)
+        self.served.sum(|s| &s.bytes)
     }
 
     /// Responses whose source the node reported, and of those its cache hits.
     pub fn cache_counts(&self) -> (u64, u64) {
         (
-            self.served_sum(|s| &s.cache_reported),
-            self.served_sum(|s| &s.cache_hits),
+            self.served.sum(|s| &s.cache_reported),
+            self.served.sum(|s| &s.cache_hits),
         )
     }
 

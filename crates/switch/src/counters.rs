@@ -144,10 +144,7 @@ impl SwitchMetrics {
 
     /// Response body bytes moved with splice(2) so far.
     pub fn splice_bytes(&self) -> u64 {
-        self.responses
-            .iter()
-            .map(|r| r.splice_bytes.load(Relaxed))
-            .sum()
+        self.responses.sum(|r| &r.splice_bytes)
     }
 
     /// Relay times so far, every worker's together.
