@@ -18,6 +18,9 @@
 //! ([`nofile`]); when every slot is taken, the connection that has waited longest on its client
 //! is shed for a newcomer ([`shed`]).
 //!
+//! What every request counts (status codes, bytes, response times) is kept once per worker
+//! ([`per_worker::PerWorker`]), so the workers never write the same cache lines.
+//!
 //! The node's load reports to the switch travel as [`report::Datagram`]s.
 //!
 //! This crate knows nothing of the node or the switch; it depends only on
