@@ -43,15 +43,8 @@ impl StatusCounters {
         self.0.iter().map(|n| n.load(Relaxed)).sum()
     }
 
-    /// `(code, count)` for every code seen at least once, as label values.
-    pub fn nonzero(&self) -> impl Iterator<Item = (String, u64)> + '_ {
-        self.0.iter().enumerate().filter_map(|(code, n)| {
-            let n = n.load(Relaxed);
-            (n > 0).then(|| (code.to_string(), n))
-        })
-    }
-
-    /// [`nonzero`](Self::nonzero) of several sets of counters (one per worker) added up.
+    /// `(code, count)` for every code seen at least once, as label values, over several sets
+    /// of counters (one per worker) added up.
     pub fn nonzero_of<'a>(
         parts: impl IntoIterator<Item = &'a StatusCounters>,
     ) -> Vec<(String, u64)> {
@@ -143,7 +136,7 @@ mod tests {
         assert_eq!(s.get(200), 2);
         assert_eq!(s.get(999), 0);
         assert_eq!(s.total(), 3);
-        let v: Vec<_> = s.nonzero().collect();
+        let v = StatusCounters::nonzero_of([&s]);
         assert_eq!(v, vec![("200".to_owned(), 2), ("404".to_owned(), 1)]);
         let t = StatusCounters::default();
         t.count(404);

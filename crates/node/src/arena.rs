@@ -86,7 +86,7 @@ impl Arena {
     /// the arena holds as many objects as it may), and the caller keeps them another way.
     pub fn store(self: &Arc<Self>, bytes: &[u8]) -> io::Result<Option<Slice>> {
         let len = bytes.len() as u64;
-        let Ok(pages) = u32::try_from(len.div_ceil(self.page).max(1)) else {
+        let Ok(pages) = u32::try_from(self.charge(len) / self.page) else {
             return Ok(None);
         };
         let alloc = {
