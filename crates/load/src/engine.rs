@@ -125,16 +125,105 @@ pub(crate) struct Shared {
 
 impl Shared {
     /// Takes `n` requests from the request budget; false when it is used up.
-    fn take_budget(&self, n: usize) -> bool {
+    pub(crate) fn take_budget(&self, n: usize) -> bool {
         match &self.budget {
             None => true,
             Some(b) => b.fetch_sub(n as i64, Ordering::Relaxed) > 0,
         }
     }
 
-    fn before_end(&self, now: Instant) -> bool {
+    pub(crate) fn before_end(&self, now: Instant) -> bool {
         self.end.is_none_or(|e| now < e)
     }
+
+    /// The next request of a redirect chain: `location`, from a response with `status` to
+    /// `method` on `url`, as the `hops`-th redirect followed. Both engines follow redirects
+    /// with it.
+    pub(crate) fn redirect_hop(
+        &self,
+        url: &Url,
+        method: &str,
+        status: u16,
+        location: &str,
+        hops: u32,
+    ) -> Result<Hop, ErrorKind> {
+        if hops > self.cfg.max_redirects {
+            return Err(ErrorKind::RedirectLimit);
+        }
+        let url = url.join(location).map_err(|_| ErrorKind::BadRedirect)?;
+        let method = if status == 303 && !is_head(method) {
+            "GET".to_owned()
+        } else {
+            method.to_owned()
+        };
+        let same = url.origin == self.cfg.target.origin;
+        let host = (!same).then(|| url.origin.host_header());
+        let mut bytes = Vec::with_capacity(128);
+        self.template
+            .render_into(&mut bytes, &method, &url.path, host.as_deref());
+        Ok(Hop {
+            head: is_head(&method),
+            url,
+            method,
+            bytes,
+            same,
+        })
+    }
+
+    /// Appends one line of the request log to `log` (flushed to the file every 64 KiB).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn log_line(
+        &self,
+        log: &mut Vec<u8>,
+        tag: usize,
+        t0: Instant,
+        times: Option<(Instant, Instant)>,
+        status: u16,
+        bytes: u64,
+        outcome: &str,
+    ) {
+        let issue = t0.saturating_duration_since(self.start).as_micros();
+        let (fb, done) = match times {
+            Some((f, d)) => (
+                f.saturating_duration_since(t0).as_micros().to_string(),
+                d.saturating_duration_since(t0).as_micros().to_string(),
+            ),
+            None => (String::new(), String::new()),
+        };
+        let req = &self.rendered.reqs[tag];
+        let _ = writeln!(
+            log,
+            "{issue},{},{},{status},{bytes},{fb},{done},{outcome}",
+            req.method,
+            csv_field(&req.path)
+        );
+        if log.len() >= 64 * 1024 {
+            self.flush_log(log);
+        }
+    }
+
+    /// Writes what `log` holds to the request log.
+    pub(crate) fn flush_log(&self, log: &mut Vec<u8>) {
+        if let Some(file) = &self.request_log {
+            if let Ok(mut f) = file.lock() {
+                if f.write_all(log).is_err() {
+                    self.log_failed.store(true, Ordering::Relaxed);
+                }
+            }
+        }
+        log.clear();
+    }
+}
+
+/// The next request of a redirect chain ([`Shared::redirect_hop`]).
+pub(crate) struct Hop {
+    pub url: Url,
+    pub method: String,
+    /// The rendered request.
+    pub bytes: Vec<u8>,
+    pub head: bool,
+    /// Whether it goes to the target's own origin (over the same connection).
+    pub same: bool,
 }
 
 /// What a connection reports about one request.
@@ -613,34 +702,26 @@ impl Worker {
                 }
             };
             loop {
-                if hops > cfg.max_redirects {
-                    fail(ErrorKind::RedirectLimit);
-                    break;
-                }
-                url = match url.join(&location) {
-                    Ok(u) => u,
-                    Err(_) => {
-                        fail(ErrorKind::BadRedirect);
+                let hop = match shared.redirect_hop(&url, &method, status, &location, hops) {
+                    Ok(h) => h,
+                    Err(kind) => {
+                        fail(kind);
                         break;
                     }
                 };
                 self.rec.borrow_mut().redirect_followed();
-                if status == 303 && !is_head(&method) {
-                    method = "GET".to_owned();
-                }
-                let same = url.origin == cfg.target.origin;
-                let host = if same {
-                    None
-                } else {
-                    Some(url.origin.host_header())
-                };
-                let mut bytes = Vec::with_capacity(128);
-                shared
-                    .template
-                    .render_into(&mut bytes, &method, &url.path, host.as_deref());
+                let Hop {
+                    url: next_url,
+                    method: next_method,
+                    bytes,
+                    head,
+                    same,
+                } = hop;
+                url = next_url;
+                method = next_method;
                 let items = [Item {
                     range: 0..bytes.len(),
-                    head: is_head(&method),
+                    head,
                     tag: p.tag,
                 }];
                 let mut result: Option<(u16, Instant, Instant, u64, u64, Option<String>)> = None;
@@ -761,37 +842,9 @@ impl Worker {
         bytes: u64,
         outcome: &str,
     ) {
-        let start = self.shared.start;
-        let issue = t0.saturating_duration_since(start).as_micros();
-        let (fb, done) = match times {
-            Some((f, d)) => (
-                f.saturating_duration_since(t0).as_micros().to_string(),
-                d.saturating_duration_since(t0).as_micros().to_string(),
-            ),
-            None => (String::new(), String::new()),
-        };
-        let req = &self.shared.rendered.reqs[tag];
         let mut log = self.log.borrow_mut();
-        let _ = writeln!(
-            log,
-            "{issue},{},{},{status},{bytes},{fb},{done},{outcome}",
-            req.method,
-            csv_field(&req.path)
-        );
-        if log.len() >= 64 * 1024 {
-            self.flush_log(&mut log);
-        }
-    }
-
-    fn flush_log(&self, log: &mut Vec<u8>) {
-        if let Some(file) = &self.shared.request_log {
-            if let Ok(mut f) = file.lock() {
-                if f.write_all(log).is_err() {
-                    self.shared.log_failed.store(true, Ordering::Relaxed);
-                }
-            }
-        }
-        log.clear();
+        self.shared
+            .log_line(&mut log, tag, t0, times, status, bytes, outcome);
     }
 
     fn think(&self, session_gap: Option<Duration>) -> Option<Duration> {
@@ -1098,7 +1151,7 @@ pub(crate) fn run_worker(
     {
         let mut log = worker.log.borrow_mut();
         if !log.is_empty() {
-            worker.flush_log(&mut log);
+            worker.shared.flush_log(&mut log);
         }
     }
     let mut rec = worker.rec.into_inner();
