@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::config::{Arrival, LoadConfig, RateProfile, ThinkTime, Workload};
+use crate::config::{Arrival, IoEngine, LoadConfig, RateProfile, ThinkTime, Workload};
 use crate::request::{parse_header, HttpVersion, Url};
 use crate::trace_input::{load_trace, TraceOptions};
 use crate::{parse_duration, LoadError, Summary};
@@ -26,6 +26,17 @@ pub enum ArrivalArg {
     Uniform,
     /// Poisson process.
     Poisson,
+}
+
+/// Event loop of the connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum IoArg {
+    /// io_uring for the closed loop over the URL where the kernel offers it, epoll otherwise.
+    Auto,
+    /// io_uring, or fail.
+    Uring,
+    /// tokio's epoll loop.
+    Epoll,
 }
 
 /// Options of `switchyard load`.
@@ -129,6 +140,11 @@ pub struct LoadArgs {
     #[arg(long, value_name = "HOST:PORT:ADDR")]
     pub resolve: Vec<String>,
 
+    /// Event loop: io_uring for the closed loop over the URL where the kernel offers it
+    /// (auto), or always tokio's epoll loop (epoll), or io_uring or fail (uring).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub io: IoArg,
+
     /// Make connections from this local address.
     #[arg(long, value_name = "IP")]
     pub local_addr: Option<std::net::IpAddr>,
@@ -225,6 +241,11 @@ pub fn config_from_args(args: &LoadArgs) -> Result<LoadConfig, LoadError> {
         .map(|r| parse_resolve(r))
         .collect::<Result<_, _>>()?;
     cfg.local_addr = args.local_addr;
+    cfg.io = match args.io {
+        IoArg::Auto => IoEngine::Auto,
+        IoArg::Uring => IoEngine::Uring,
+        IoArg::Epoll => IoEngine::Epoll,
+    };
     cfg.spread = args.spread.clone();
     cfg.loop_trace = args.loop_trace;
     cfg.request_log = args.request_log.clone();

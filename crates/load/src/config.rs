@@ -179,6 +179,22 @@ pub struct LoadConfig {
     /// request `i` of the trace (or for a session whose first request is `i`) goes to address
     /// `i mod n`. Empty: every connection goes to the target.
     pub spread: Vec<SocketAddr>,
+    /// Which event loop drives the connections.
+    pub io: IoEngine,
+}
+
+/// The event loop behind the connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IoEngine {
+    /// io_uring for the closed loop over the target URL, one request at a time per
+    /// connection, when the kernel offers it (Linux 6.12 and later); tokio's epoll loop
+    /// otherwise.
+    #[default]
+    Auto,
+    /// io_uring; the run fails if the kernel or the workload does not allow it.
+    Uring,
+    /// tokio's epoll loop, for every workload.
+    Epoll,
 }
 
 impl LoadConfig {
@@ -210,6 +226,7 @@ impl LoadConfig {
             resolve: Vec::new(),
             local_addr: None,
             spread: Vec::new(),
+            io: IoEngine::Auto,
         }
     }
 }

@@ -16,9 +16,13 @@
 //! kind and timeouts, plus a per-second time series (CSV, JSON, SVG plot) and a live progress
 //! line on a terminal.
 //!
-//! Worker threads each run a single-threaded tokio runtime owning their share of the
-//! connections; requests are rendered before the run and buffers are reused, so the closed
-//! loop does no per-request allocation. [`cli::run`] is the command-line entry point;
+//! Worker threads each own their share of the connections. The closed loop over one URL runs
+//! on io_uring where the kernel offers it (module `uring`): a thread submits the next requests of
+//! all its connections and collects their responses in one system call, and sleeps until a
+//! share of them is in rather than waking for each. Everything else (and that loop too, with
+//! `--io epoll` or on older kernels) runs on a single-threaded tokio runtime per thread.
+//! Requests are rendered before the run and buffers are reused, so the closed loop does no
+//! per-request allocation. [`cli::run`] is the command-line entry point;
 //! [`run_load`] runs a [`LoadConfig`] built in code.
 
 #![warn(missing_docs)]
@@ -33,10 +37,11 @@ mod run;
 mod stats;
 pub mod svg;
 pub mod trace_input;
+mod uring;
 
 pub use config::{
-    default_threads, parse_duration, Arrival, LoadConfig, RateProfile, RateStep, ReplayRequest,
-    Session, ThinkTime, Workload,
+    default_threads, parse_duration, Arrival, IoEngine, LoadConfig, RateProfile, RateStep,
+    ReplayRequest, Session, ThinkTime, Workload,
 };
 pub use report::{
     capacity, Capacity, CpuUsage, LatencyStats, StepSummary, Summary, OVERLOAD_TIMEOUT_FRACTION,

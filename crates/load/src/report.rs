@@ -131,6 +131,8 @@ pub struct Summary {
     pub connections: usize,
     /// Worker threads.
     pub threads: usize,
+    /// Event loop that drove the connections: `io_uring` or `epoll`.
+    pub io: String,
     /// Measured length of the run, seconds.
     pub duration_s: f64,
     /// Requests answered with a final response.
@@ -203,6 +205,7 @@ pub(crate) struct RunInfo<'a> {
     pub protocol: HttpVersion,
     pub connections: usize,
     pub threads: usize,
+    pub io: &'a str,
     pub elapsed_s: f64,
     pub timeout_s: f64,
     pub profile: Option<&'a RateProfile>,
@@ -282,6 +285,7 @@ pub(crate) fn build_summary(info: RunInfo<'_>, t: &Totals, series: Vec<SeriesPoi
         protocol: info.protocol,
         connections: info.connections,
         threads: info.threads,
+        io: info.io.to_owned(),
         duration_s: (secs * 1000.0).round() / 1000.0,
         requests: t.requests,
         issued: t.issued,
@@ -330,7 +334,7 @@ impl Summary {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "switchyard load: {} {} ({}), {} connections, {} threads",
+            "switchyard load: {} {} ({}), {} connections, {} threads, {}",
             self.mode,
             self.url,
             match self.protocol {
@@ -338,7 +342,8 @@ impl Summary {
                 HttpVersion::Http11 => "HTTP/1.1",
             },
             self.connections,
-            self.threads
+            self.threads,
+            self.io
         );
         let _ = writeln!(
             s,

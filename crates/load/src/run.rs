@@ -6,11 +6,12 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::config::{LoadConfig, ThinkTime, Workload};
+use crate::config::{IoEngine, LoadConfig, ThinkTime, Workload};
 use crate::engine::{run_worker, Rendered, Shared};
 use crate::report::{build_summary, RunInfo, Summary};
 use crate::request::{validate_token, RequestTemplate};
 use crate::stats::{Progress, SeriesAgg, Totals};
+use crate::uring;
 use crate::LoadError;
 
 /// Delay between starting the worker threads and the common start instant.
@@ -20,7 +21,8 @@ const SERIES_LAG_S: u64 = 10;
 
 /// Runs a load test described by `cfg` and returns its summary.
 ///
-/// Builds one single-threaded runtime per worker thread; blocks until the run is over.
+/// Starts one worker thread per share of the connections, on io_uring or on a
+/// single-threaded tokio runtime (see [`IoEngine`]); blocks until the run is over.
 pub fn run_load(cfg: &LoadConfig) -> Result<Summary, LoadError> {
     validate(cfg)?;
     let fixed = crate::engine::fixed_address(&cfg.resolve, &cfg.target.origin);
@@ -57,6 +59,7 @@ pub fn run_load(cfg: &LoadConfig) -> Result<Summary, LoadError> {
     } else {
         cfg.threads.clamp(1, cfg.connections.max(1))
     };
+    let uring = use_uring(cfg)?;
     let fd_limit = raise_fd_limit();
     let max_inflight = if cfg.max_inflight > 0 {
         cfg.max_inflight
@@ -114,7 +117,13 @@ pub fn run_load(cfg: &LoadConfig) -> Result<Summary, LoadError> {
         let shared = shared.clone();
         let h = std::thread::Builder::new()
             .name(format!("load-{i}"))
-            .spawn(move || run_worker(shared, progress, i, threads, conns))
+            .spawn(move || {
+                if uring {
+                    crate::uring::run_worker(shared, progress, conns)
+                } else {
+                    run_worker(shared, progress, i, threads, conns)
+                }
+            })
             .map_err(LoadError::Io)?;
         handles.push(h);
     }
@@ -211,6 +220,7 @@ pub fn run_load(cfg: &LoadConfig) -> Result<Summary, LoadError> {
             protocol: cfg.version,
             connections: cfg.connections,
             threads,
+            io: if uring { "io_uring" } else { "epoll" },
             elapsed_s,
             timeout_s: cfg.timeout.as_secs_f64(),
             profile: cfg.rate_profile.as_ref(),
@@ -230,6 +240,27 @@ pub fn run_load(cfg: &LoadConfig) -> Result<Summary, LoadError> {
         });
     }
     Ok(summary)
+}
+
+/// Whether the run goes on io_uring (see [`IoEngine`]).
+fn use_uring(cfg: &LoadConfig) -> Result<bool, LoadError> {
+    match cfg.io {
+        IoEngine::Epoll => Ok(false),
+        IoEngine::Auto => Ok(uring::unsupported(cfg).is_none() && uring::probe().is_ok()),
+        IoEngine::Uring => {
+            if let Some(what) = uring::unsupported(cfg) {
+                return Err(LoadError::Config(format!(
+                    "--io uring runs the closed loop over one URL, not {what}; use --io auto or epoll"
+                )));
+            }
+            uring::probe().map_err(|e| {
+                LoadError::Config(format!(
+                    "--io uring: this kernel offers no usable io_uring: {e}"
+                ))
+            })?;
+            Ok(true)
+        }
+    }
 }
 
 fn validate(cfg: &LoadConfig) -> Result<(), LoadError> {

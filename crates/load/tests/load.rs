@@ -8,8 +8,13 @@ use clap::Parser;
 use support::{chunked, ok, response, start, start_with, Opts, Reply};
 use switchyard_load::cli::{run, LoadArgs};
 use switchyard_load::{
-    run_load, HttpVersion, LoadConfig, RateProfile, ReplayRequest, Session, Summary, Url, Workload,
+    run_load, HttpVersion, IoEngine, LoadConfig, RateProfile, ReplayRequest, Session, Summary, Url,
+    Workload,
 };
+
+/// The closed loop over one URL runs on either event loop, with the same results. A kernel
+/// without a usable io_uring fails the io_uring runs with a message saying so.
+const ENGINES: [(IoEngine, &str); 2] = [(IoEngine::Epoll, "epoll"), (IoEngine::Uring, "io_uring")];
 
 fn config(url: &str) -> LoadConfig {
     let mut c = LoadConfig::new(Url::parse(url).unwrap());
@@ -116,16 +121,24 @@ fn redirects_are_followed_counted_and_bounded() {
 fn silent_server_times_out() {
     let srv = start(|_| Reply::Silent);
     // Closed loop: every connection times out and reconnects.
-    let mut c = config(&srv.url("/"));
-    c.connections = 2;
-    c.timeout = Duration::from_millis(300);
-    c.duration = Some(Duration::from_millis(1000));
-    let started = Instant::now();
-    let s = run_load(&c).unwrap();
-    assert!(started.elapsed() < Duration::from_secs(3));
-    assert_eq!(s.requests, 0);
-    assert!(s.timeouts >= 4, "{}", s.timeouts);
-    assert_eq!(s.errors_total, 0);
+    for (io, name) in ENGINES {
+        let mut c = config(&srv.url("/"));
+        c.io = io;
+        c.connections = 2;
+        c.timeout = Duration::from_millis(300);
+        c.duration = Some(Duration::from_millis(1000));
+        let accepted = srv.accepted();
+        let started = Instant::now();
+        let s = run_load(&c).unwrap();
+        assert_eq!(s.io, name);
+        assert!(started.elapsed() < Duration::from_secs(3), "{name}");
+        assert_eq!(s.requests, 0, "{name}");
+        // Three rounds of 300 ms fit in the second on each of the two connections.
+        assert!((4..=6).contains(&s.timeouts), "{name}: {}", s.timeouts);
+        assert_eq!(s.errors_total, 0, "{name}");
+        // Each timed-out request leaves its connection: the next opens a new one.
+        assert!(srv.accepted() - accepted >= 4, "{name}");
+    }
 
     // Open loop: all requests time out, so the first step already overloads the server.
     let mut c = config(&srv.url("/"));
@@ -144,15 +157,23 @@ fn silent_server_times_out() {
 
 #[test]
 fn errors_by_kind() {
+    for (io, name) in ENGINES {
+        errors_by_kind_on(io, name);
+    }
+}
+
+fn errors_by_kind_on(io: IoEngine, name: &str) {
     // Connection refused: a port nobody listens on.
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
     let mut c = config(&format!("http://127.0.0.1:{port}/"));
+    c.io = io;
     c.requests = Some(5);
     let s = run_load(&c).unwrap();
-    assert_eq!(errors(&s, "connect_refused"), 5, "{:?}", s.errors);
+    assert_eq!(s.io, name);
+    assert_eq!(errors(&s, "connect_refused"), 5, "{name}: {:?}", s.errors);
 
     type MakeReply = fn() -> Reply;
     let cases: [(&str, MakeReply); 3] = [
@@ -165,10 +186,11 @@ fn errors_by_kind() {
     for (kind, reply) in cases {
         let srv = start(move |_| reply());
         let mut c = config(&srv.url("/"));
+        c.io = io;
         c.requests = Some(3);
         let s = run_load(&c).unwrap();
-        assert_eq!(errors(&s, kind), 3, "{kind}: {:?}", s.errors);
-        assert_eq!(s.errors_total, 3, "{kind}: {:?}", s.errors);
+        assert_eq!(errors(&s, kind), 3, "{name} {kind}: {:?}", s.errors);
+        assert_eq!(s.errors_total, 3, "{name} {kind}: {:?}", s.errors);
         assert_eq!(s.requests, 0);
     }
 }
@@ -237,28 +259,48 @@ fn pipelined_batches_are_answered_in_order() {
 
 #[test]
 fn http10_and_keep_alive() {
-    let srv = start(|r| {
-        if r.minor_version == 0 {
-            Reply::SendClose(b"HTTP/1.0 200 OK\r\n\r\nclose-delimited".to_vec())
-        } else {
-            Reply::Send(ok(b"kept"))
-        }
-    });
-    // HTTP/1.1: one connection carries every request.
-    let mut c = config(&srv.url("/"));
-    c.requests = Some(20);
-    let s = run_load(&c).unwrap();
-    assert_eq!((s.requests, s.connections_opened), (20, 1));
-    assert_eq!(srv.accepted(), 1);
+    for (io, name) in ENGINES {
+        let srv = start(|r| {
+            if r.minor_version == 0 {
+                Reply::SendClose(b"HTTP/1.0 200 OK\r\n\r\nclose-delimited".to_vec())
+            } else {
+                Reply::Send(ok(b"kept"))
+            }
+        });
+        // HTTP/1.1: one connection carries every request.
+        let mut c = config(&srv.url("/"));
+        c.io = io;
+        c.requests = Some(20);
+        let s = run_load(&c).unwrap();
+        assert_eq!(s.io, name);
+        assert_eq!((s.requests, s.connections_opened), (20, 1), "{name}");
+        assert_eq!(srv.accepted(), 1, "{name}");
 
-    // HTTP/1.0: one connection per request, close-delimited bodies.
-    c.version = HttpVersion::Http10;
-    c.keep_alive = false;
-    let s = run_load(&c).unwrap();
-    assert_eq!((s.requests, s.connections_opened), (20, 20));
-    assert_eq!(s.errors_total, 0);
-    assert_eq!(s.body_bytes, 20 * 15);
-    assert!(srv.seen().iter().any(|r| r.minor_version == 0));
+        // HTTP/1.0: one connection per request, close-delimited bodies.
+        c.version = HttpVersion::Http10;
+        c.keep_alive = false;
+        let s = run_load(&c).unwrap();
+        assert_eq!((s.requests, s.connections_opened), (20, 20), "{name}");
+        assert_eq!(s.errors_total, 0, "{name}");
+        assert_eq!(s.body_bytes, 20 * 15, "{name}");
+        assert!(srv.seen().iter().any(|r| r.minor_version == 0));
+
+        // A server that closes each kept-alive connection after its response (without
+        // saying so): the next request, sent on the closed connection, goes again on a new
+        // one and nothing is lost.
+        let srv = start(|_| Reply::SendClose(ok(b"bye")));
+        let mut c = config(&srv.url("/"));
+        c.io = io;
+        c.requests = Some(10);
+        let s = run_load(&c).unwrap();
+        assert_eq!(
+            (s.requests, s.errors_total),
+            (10, 0),
+            "{name}: {:?}",
+            s.errors
+        );
+        assert_eq!(srv.accepted(), 10, "{name}");
+    }
 
     // A server answering HTTP/1.1 requests with non-persistent HTTP/1.0 responses, while
     // the client pipelines: unanswered requests are sent again on a new connection.
@@ -470,4 +512,127 @@ fn cli_replays_an_access_log_as_sessions() {
             "/later.html"
         ]
     );
+}
+
+#[test]
+fn io_uring_loop_follows_redirects_and_logs_requests() {
+    let other = start(|r| match r.path.as_str() {
+        "/y" => Reply::Send(ok(b"yy")),
+        _ => Reply::Send(response(404, "", b"")),
+    });
+    let other_url = other.url("/y");
+    let srv = start(move |r| {
+        let p = r.path.as_str();
+        if let Some(n) = p.strip_prefix("/r/") {
+            let n: u32 = n.parse().unwrap();
+            if n == 0 {
+                Reply::Send(ok(b"done"))
+            } else {
+                Reply::Send(response(302, &format!("Location: /r/{}\r\n", n - 1), b""))
+            }
+        } else if p == "/loop" {
+            Reply::Send(response(302, "Location: /loop\r\n", b"again"))
+        } else if p == "/x" {
+            Reply::Send(response(307, &format!("Location: {other_url}\r\n"), b""))
+        } else {
+            Reply::Send(response(404, "", b""))
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("requests.csv");
+    let run = |path: &str, max_redirects: u32| {
+        let mut c = config(&srv.url(path));
+        c.io = IoEngine::Uring;
+        c.requests = Some(4);
+        c.max_redirects = max_redirects;
+        c.request_log = Some(log.clone());
+        let s = run_load(&c).unwrap();
+        assert_eq!(s.io, "io_uring");
+        s
+    };
+
+    // Same origin: three hops on the loop's connection, then the final response.
+    let s = run("/r/3", 5);
+    assert_eq!((status(&s, "200"), s.redirects, s.errors_total), (4, 12, 0));
+    assert_eq!(s.connections_opened, 1);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = text.lines().skip(1).collect();
+    assert_eq!(lines.len(), 4, "{text}");
+    for line in lines {
+        let f: Vec<&str> = line.split(',').collect();
+        assert_eq!(
+            (f[1], f[2], f[3], f[4], f[7]),
+            ("GET", "/r/3", "200", "4", "ok")
+        );
+        let (first, done): (u64, u64) = (f[5].parse().unwrap(), f[6].parse().unwrap());
+        assert!(first <= done, "{line}");
+    }
+
+    // Another origin: each request's last hop goes to the other server, with its Host.
+    let s = run("/x", 5);
+    assert_eq!((status(&s, "200"), s.redirects, s.errors_total), (4, 4, 0));
+    let seen = other.seen();
+    assert_eq!(seen.len(), 4);
+    assert!(seen
+        .iter()
+        .all(|r| r.host.as_deref() == Some(&*other.addr.to_string())));
+
+    // A redirect loop ends at the limit, counted as an error and logged as one.
+    let s = run("/loop", 2);
+    assert_eq!((s.requests, errors(&s, "redirect_limit")), (0, 4));
+    assert_eq!(s.redirects, 4 * 2);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.ends_with(",redirect_limit"))
+            .count(),
+        4,
+        "{text}"
+    );
+
+    // Not following: the 3xx responses are final.
+    let s = run("/r/3", 0);
+    assert_eq!((status(&s, "302"), s.redirects), (4, 0));
+}
+
+#[test]
+fn io_uring_loop_reads_large_and_chunked_bodies() {
+    let big: Vec<u8> = (0..300 * 1024).map(|i| (i % 251) as u8).collect();
+    let chunk_body = vec![b'c'; 70_000];
+    let srv = start(move |r| match r.path.as_str() {
+        "/big" => Reply::Send(ok(&big)),
+        _ => Reply::Send(chunked(200, &chunk_body, 1000)),
+    });
+    for (path, body) in [("/big", 300 * 1024u64), ("/chunked", 70_000)] {
+        for (io, name) in ENGINES {
+            let mut c = config(&srv.url(path));
+            c.io = io;
+            c.connections = 3;
+            c.requests = Some(12);
+            let s = run_load(&c).unwrap();
+            assert_eq!((s.requests, s.errors_total), (12, 0), "{name} {path}");
+            assert_eq!(s.body_bytes, 12 * body, "{name} {path}");
+            assert_eq!(s.connections_opened, 3, "{name} {path}");
+        }
+    }
+}
+
+#[test]
+fn io_uring_is_refused_for_what_it_does_not_run() {
+    let srv = start(|_| Reply::Send(ok(b"x")));
+    let mut c = config(&srv.url("/"));
+    c.io = IoEngine::Uring;
+    c.pipeline = 2;
+    c.requests = Some(4);
+    let err = run_load(&c).unwrap_err().to_string();
+    assert!(err.contains("not pipelining"), "{err}");
+    // Auto takes the epoll loop for it instead.
+    c.io = IoEngine::Auto;
+    let s = run_load(&c).unwrap();
+    assert_eq!((s.io.as_str(), s.requests), ("epoll", 4));
+    // And io_uring for a plain closed loop.
+    c.pipeline = 1;
+    let s = run_load(&c).unwrap();
+    assert_eq!((s.io.as_str(), s.requests), ("io_uring", 4));
+    assert_eq!(srv.accepted(), 2);
 }
