@@ -7,6 +7,7 @@
 #   ROUNDS=3 DURATION=10 CONNECTIONS=64 THREADS=<cores> PORT=<free port>
 #   NGINX_WORKERS=<cores>
 #   LOAD_CMD="path/to/switchyard load"   (default: builds and uses the crate's `load` example)
+#   IO=auto|uring|epoll                   (the generator's event loop, `--io`; default auto)
 #   KEEP=1                                (keep the work directory for inspection)
 set -euo pipefail
 
@@ -18,6 +19,7 @@ DURATION=${DURATION:-10}
 CONNECTIONS=${CONNECTIONS:-64}
 THREADS=${THREADS:-$cores}
 NGINX_WORKERS=${NGINX_WORKERS:-$cores}
+IO=${IO:-auto}
 
 need() { command -v "$1" >/dev/null 2>&1; }
 if ! need nginx || ! need wrk; then
@@ -104,7 +106,7 @@ run_wrk() { # round
 run_ours() { # round
     local out="$work/ours.$1"
     { time $LOAD_CMD "$URL" --connections "$CONNECTIONS" --threads "$THREADS" \
-        --duration "$DURATION" --json --quiet >"$out.json"; } 2>"$out.time"
+        --duration "$DURATION" --io "$IO" --json --quiet >"$out.json"; } 2>"$out.time"
 }
 
 echo "warming up" >&2
