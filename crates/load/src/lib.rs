@@ -30,6 +30,7 @@
 pub mod cli;
 mod config;
 mod engine;
+mod moderation;
 mod report;
 pub mod request;
 pub mod response;

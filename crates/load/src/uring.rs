@@ -11,12 +11,15 @@
 //! next requests of every connection served in the last round and waits for the next
 //! responses.
 //!
-//! The wait asks for half of the requests in flight but gives up after a share of the recent
-//! response time ([`IORING_ENTER_EXT_ARG`]'s `min_wait_usec`: after it, one completion
-//! suffices), so a response is observed at most that much after it arrived; the server sees
-//! its requests in bursts as well, and both sides wake less. The response time of a request
-//! runs from just before the system call that sends it to just after the one that brings the
-//! last of its response, as in the tokio engine.
+//! A wait may hold the responses already in for more: it asks for half of the requests in
+//! flight but gives up a quarter of the recent response time after the first is in
+//! ([`IORING_ENTER_EXT_ARG`]'s `min_wait_usec`: after it, one completion suffices), so a
+//! response is observed at most that much after it arrived; the server then sees its requests
+//! in bursts as well, and both sides wake less. Whether waits hold is tried and kept only where
+//! it makes the loop faster ([`crate::moderation`]): against a slow server on idle cores it
+//! would only make responses look later. The response time of a request runs from just before
+//! the system call that sends it to just after the one that brings the last of its response,
+//! as in the tokio engine.
 //!
 //! Timeouts are checked against the clock at each wake (a wait never lasts past the next
 //! deadline check, the end of the run or a connection's back-off); a request that times out
@@ -42,6 +45,7 @@ use socket2::{Domain, SockAddr, Socket, Type};
 
 use crate::config::{LoadConfig, ThinkTime, Workload};
 use crate::engine::{fixed_address, Shared};
+use crate::moderation::Moderation;
 use crate::request::{Origin, Url};
 use crate::response::ResponseParser;
 use crate::stats::{io_error_kind, ErrorKind, Progress, Recorder, Totals};
@@ -224,6 +228,10 @@ struct Engine {
     active: usize,
     /// Smoothed response time, nanoseconds.
     smoothed_ns: u64,
+    /// Whether waits hold responses for more.
+    moderation: Moderation,
+    /// Responses completed since the last wait.
+    answered: u64,
     next_scan: Instant,
 }
 
@@ -264,6 +272,8 @@ pub(crate) fn run_worker(
         busy: 0,
         active: connections,
         smoothed_ns: 0,
+        moderation: Moderation::new(now),
+        answered: 0,
         next_scan: now,
     };
     let start = engine.shared.start;
@@ -296,7 +306,7 @@ impl Engine {
             if self.active == 0 {
                 return Ok(());
             }
-            let want = if short {
+            let want = if short || !self.moderation.holding() {
                 1
             } else {
                 (self.busy / 2).clamp(1, MAX_WANT)
@@ -329,6 +339,8 @@ impl Engine {
                 self.complete(cqe.user_data(), cqe.result(), now)?;
             }
             short = got < want;
+            self.moderation
+                .completed(std::mem::take(&mut self.answered), now);
             if now >= self.next_scan {
                 self.timers(now)?;
             }
@@ -543,19 +555,17 @@ impl Engine {
         c.end += res as usize;
         c.got_any = true;
         c.first.get_or_insert(now);
-        while c.start < c.end {
-            match c.parser.parse(&c.buf[c.start..c.end]) {
-                Err(_) => {
-                    self.busy -= 1;
-                    c.close();
-                    self.fail(i, ErrorKind::BadResponse, now);
-                    return self.next_request(i, now);
-                }
-                Ok(step) => {
-                    c.start += step.consumed;
-                    if !step.complete {
-                        break;
-                    }
+        // One request at a time: the buffer holds at most the rest of this response.
+        match c.parser.parse(&c.buf[c.start..c.end]) {
+            Err(_) => {
+                self.busy -= 1;
+                c.close();
+                self.fail(i, ErrorKind::BadResponse, now);
+                return self.next_request(i, now);
+            }
+            Ok(step) => {
+                c.start += step.consumed;
+                if step.complete {
                     self.busy -= 1;
                     c.served += 1;
                     let info = *c.parser.info();
@@ -613,6 +623,7 @@ impl Engine {
             info.wire_bytes,
             info.body_bytes,
         );
+        self.answered += 1;
         let took = done.saturating_duration_since(t0).as_nanos() as u64;
         self.smoothed_ns = self.smoothed_ns - self.smoothed_ns / 8 + took / 8;
         self.log_outcome(Some((first, done)), info.status, info.body_bytes, "ok", i);
