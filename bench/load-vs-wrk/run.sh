@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Compares the load generator of `switchyard load` with wrk against the same nginx:
-# a 1 KiB file over keep-alive connections, same connections, threads and duration,
-# alternating rounds, medians. Prints a markdown table.
+# a 1 KiB file over keep-alive connections (or one connection per request with
+# MODE=close), same connections, threads and duration, alternating rounds, medians.
+# Prints a markdown table.
 #
 # Environment (all optional):
 #   ROUNDS=3 DURATION=10 CONNECTIONS=64 THREADS=<cores> PORT=<free port>
 #   NGINX_WORKERS=<cores>
 #   LOAD_CMD="path/to/switchyard load"   (default: builds and uses the crate's `load` example)
 #   IO=auto|uring|epoll                   (the generator's event loop, `--io`; default auto)
+#   MODE=keepalive|close                  (close: wrk sends Connection: close, the generator
+#                                          runs --no-keepalive; default keepalive)
 #   KEEP=1                                (keep the work directory for inspection)
 set -euo pipefail
 
@@ -20,6 +23,12 @@ CONNECTIONS=${CONNECTIONS:-64}
 THREADS=${THREADS:-$cores}
 NGINX_WORKERS=${NGINX_WORKERS:-$cores}
 IO=${IO:-auto}
+MODE=${MODE:-keepalive}
+case "$MODE" in
+    keepalive) wrk_mode=(); ours_mode=() ;;
+    close) wrk_mode=(-H "Connection: close"); ours_mode=(--no-keepalive) ;;
+    *) echo "MODE must be keepalive or close, not $MODE" >&2; exit 2 ;;
+esac
 
 need() { command -v "$1" >/dev/null 2>&1; }
 if ! need nginx || ! need wrk; then
@@ -101,25 +110,26 @@ done
 TIMEFORMAT="%R %U %S"
 run_wrk() { # round
     local out="$work/wrk.$1"
-    { time wrk -t"$THREADS" -c"$CONNECTIONS" -d"${DURATION}s" --latency "$URL" >"$out.txt"; } 2>"$out.time"
+    { time wrk -t"$THREADS" -c"$CONNECTIONS" -d"${DURATION}s" --latency "${wrk_mode[@]}" "$URL" \
+        >"$out.txt"; } 2>"$out.time"
 }
 run_ours() { # round
     local out="$work/ours.$1"
     { time $LOAD_CMD "$URL" --connections "$CONNECTIONS" --threads "$THREADS" \
-        --duration "$DURATION" --io "$IO" --json --quiet >"$out.json"; } 2>"$out.time"
+        --duration "$DURATION" --io "$IO" "${ours_mode[@]}" --json --quiet >"$out.json"; } 2>"$out.time"
 }
 
 echo "warming up" >&2
-wrk -t"$THREADS" -c"$CONNECTIONS" -d2s "$URL" >/dev/null
+wrk -t"$THREADS" -c"$CONNECTIONS" -d2s "${wrk_mode[@]}" "$URL" >/dev/null
 for r in $(seq "$ROUNDS"); do
     echo "round $r/$ROUNDS" >&2
     if [ $((r % 2)) -eq 1 ]; then run_wrk "$r"; run_ours "$r"; else run_ours "$r"; run_wrk "$r"; fi
 done
 
-python3 - "$work" "$ROUNDS" "$CONNECTIONS" "$THREADS" "$DURATION" "$NGINX_WORKERS" <<'PY'
+python3 - "$work" "$ROUNDS" "$CONNECTIONS" "$THREADS" "$DURATION" "$NGINX_WORKERS" "$MODE" <<'PY'
 import json, re, statistics, sys, subprocess
 work, rounds = sys.argv[1], int(sys.argv[2])
-conns, threads, dur, workers = sys.argv[3:7]
+conns, threads, dur, workers, mode = sys.argv[3:8]
 
 def to_us(v, unit):
     return float(v) * {"us": 1, "ms": 1e3, "s": 1e6}[unit]
@@ -139,11 +149,21 @@ def ours(r):
     return (j["requests_per_sec"], (u + s) * 1e6 / j["requests"],
             j["latency_us"]["p50"], j["latency_us"]["p99"])
 
+notes = []
+for r in range(1, rounds + 1):
+    t = open(f"{work}/wrk.{r}.txt").read()
+    for line in t.splitlines():
+        if "Socket errors" in line or "Non-2xx" in line:
+            notes.append(f"wrk round {r}: {line.strip()}")
+    j = json.load(open(f"{work}/ours.{r}.json"))
+    if j["errors_total"] or j["timeouts"]:
+        notes.append(f"switchyard load round {r}: {j['errors_total']} errors, {j['timeouts']} timeouts")
+
 rows = []
 for r in range(1, rounds + 1):
     rows.append(("wrk", r) + wrk(r))
     rows.append(("switchyard load", r) + ours(r))
-print(f"1 KiB file, keep-alive, {conns} connections, {threads} threads, {dur} s per run, "
+print(f"1 KiB file, {'keep-alive' if mode == 'keepalive' else 'Connection: close'}, {conns} connections, {threads} threads, {dur} s per run, "
       f"nginx {workers} workers, {rounds} alternating rounds")
 print()
 print("| tool | round | requests/s | CPU µs/request | p50 µs | p99 µs |")
@@ -164,4 +184,6 @@ cpu = med["switchyard load"][1] / med["wrk"][1]
 print()
 print(f"switchyard load / wrk requests/s: {ratio:.3f} (target >= 1.0)")
 print(f"switchyard load / wrk CPU per request: {cpu:.3f} (target <= 1.0)")
+for n in notes:
+    print(f"note: {n}")
 PY

@@ -1,7 +1,10 @@
-//! Worker threads and the per-connection request/response machinery.
+//! Worker threads and the per-connection request/response machinery of the tokio engine,
+//! and what both engines share ([`Shared`]: the run's rendered requests, the request budget,
+//! redirect hops, the request log).
 //!
 //! Each worker thread runs a single-threaded tokio runtime owning its share of the
-//! connections (like wrk). All request bytes are rendered before the run; a connection slot
+//! connections (like wrk). The closed loop over one URL runs on io_uring instead where the
+//! kernel offers it (module `uring`). All request bytes are rendered before the run; a connection slot
 //! owns its read buffer, response parser and timer, reused for every request, so the closed
 //! loop does not allocate per request.
 //!
