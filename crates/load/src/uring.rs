@@ -375,7 +375,7 @@ impl Engine {
                         )
                         .build()
                         .user_data(ud(i, self.conns[i].gen, OP_CANCEL));
-                        self.push(&cancel)?;
+                        self.push(&[cancel])?;
                     }
                 }
                 State::Backoff(until) if now >= until => {
@@ -397,13 +397,21 @@ impl Engine {
         self.next_scan = self.next_scan.min(until);
     }
 
-    fn push(&mut self, entry: &squeue::Entry) -> std::io::Result<()> {
-        // SAFETY: every buffer and address an entry points to lives in `self.conns` (or in
-        // `self.shared`) and is not touched until the chain's `recv` has completed.
-        while unsafe { self.ring.submission().push(entry) }.is_err() {
+    /// Queues `entries` (one chain, or one entry) together: a chain split over two
+    /// submissions would lose its links.
+    fn push(&mut self, entries: &[squeue::Entry]) -> std::io::Result<()> {
+        let room = |ring: &mut IoUring| {
+            let sq = ring.submission();
+            sq.capacity() - sq.len()
+        };
+        while room(&mut self.ring) < entries.len() {
             self.ring.submit()?;
         }
-        Ok(())
+        // SAFETY: every buffer and address an entry points to lives in `self.conns` (or in
+        // `self.shared`) and is neither moved nor freed until the chain has ended: its `recv`
+        // completed, or an earlier step failed and the kernel dropped the rest.
+        unsafe { self.ring.submission().push_multiple(entries) }
+            .map_err(|_| std::io::Error::other("submission queue full"))
     }
 
     /// Starts the loop's next request on connection `i`, or retires it when the run or its
@@ -434,7 +442,7 @@ impl Engine {
         if c.fd.is_some() && c.peer_addr != Some(addr) {
             c.close();
         }
-        let mut entries: [Option<squeue::Entry>; 3] = [None, None, None];
+        let mut connect = None;
         c.gen = c.gen.wrapping_add(1);
         let gen = c.gen;
         if c.fd.is_none() {
@@ -450,7 +458,7 @@ impl Engine {
             };
             let sa = Box::new(SockAddr::from(addr));
             let fd = OwnedFd::from(sock);
-            entries[0] = Some(
+            connect = Some(
                 opcode::Connect::new(types::Fd(fd.as_raw_fd()), sa.as_ptr().cast(), sa.len())
                     .build()
                     .flags(squeue::Flags::IO_LINK | squeue::Flags::SKIP_SUCCESS)
@@ -474,26 +482,24 @@ impl Engine {
                 self.main_head,
             ),
         };
-        entries[1] = Some(
-            opcode::Send::new(fd, bytes.as_ptr(), bytes.len() as u32)
-                .flags(libc::MSG_NOSIGNAL | libc::MSG_WAITALL)
-                .build()
-                .flags(squeue::Flags::IO_LINK | squeue::Flags::SKIP_SUCCESS)
-                .user_data(ud(i, gen, OP_SEND)),
-        );
+        let send = opcode::Send::new(fd, bytes.as_ptr(), bytes.len() as u32)
+            .flags(libc::MSG_NOSIGNAL | libc::MSG_WAITALL)
+            .build()
+            .flags(squeue::Flags::IO_LINK | squeue::Flags::SKIP_SUCCESS)
+            .user_data(ud(i, gen, OP_SEND));
         c.parser.start(head);
         c.served_before = c.served;
         c.got_any = false;
         c.first = None;
         c.cancelled = false;
         c.prepare_read();
-        entries[2] = Some(recv_entry(c, fd, i));
+        let recv = recv_entry(c, fd, i);
         c.state = State::Busy;
         self.busy += 1;
-        for e in entries.iter().flatten() {
-            self.push(e)?;
+        match connect {
+            Some(connect) => self.push(&[connect, send, recv]),
+            None => self.push(&[send, recv]),
         }
-        Ok(())
     }
 
     /// Handles one completion.
@@ -580,7 +586,7 @@ impl Engine {
         c.prepare_read();
         let fd = types::Fd(c.fd.as_ref().expect("open").as_raw_fd());
         let entry = recv_entry(c, fd, i);
-        self.push(&entry)
+        self.push(&[entry])
     }
 
     /// Connection `i` failed with `kind` before its response was complete: a kept-alive
@@ -721,7 +727,7 @@ impl Engine {
         let cancel = opcode::AsyncCancel2::new(types::CancelBuilder::any())
             .build()
             .user_data(u64::MAX);
-        self.push(&cancel)?;
+        self.push(&[cancel])?;
         let limit = Instant::now() + Duration::from_secs(5);
         while self.busy > 0 {
             let left = limit.saturating_duration_since(Instant::now());
