@@ -425,6 +425,8 @@ fn json_summary_shape_and_series_files() {
     assert_eq!(text.lines().count(), 1);
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["mode"], "closed");
+    // The closed loop over one URL takes io_uring by default (--io auto).
+    assert_eq!(v["io"], "io_uring");
     assert!(v["requests_per_sec"].as_f64().unwrap() > 0.0);
     assert!(v["bytes_per_sec"].as_f64().unwrap() > 1000.0);
     for key in ["p50", "p90", "p99", "max", "mean"] {
