@@ -32,7 +32,7 @@ use crate::request::{is_head, Origin, RequestTemplate, Url};
 use crate::response::ResponseParser;
 use crate::stats::{io_error_kind, ErrorKind, Progress, Recorder, SeriesAgg, Totals};
 
-const INITIAL_BUF: usize = 16 * 1024;
+pub(crate) const INITIAL_BUF: usize = 16 * 1024;
 const MAX_BUF: usize = 256 * 1024;
 /// Pause of a closed-loop connection after a failed connection attempt.
 const CONNECT_BACKOFF: Duration = Duration::from_millis(10);
@@ -337,18 +337,25 @@ impl Slot {
 
     /// Makes room at the end of the buffer.
     fn prepare_read(&mut self) {
-        if self.start == self.end {
-            self.start = 0;
-            self.end = 0;
-        } else if self.end == self.buf.len() {
-            if self.start > 0 {
-                self.buf.copy_within(self.start..self.end, 0);
-                self.end -= self.start;
-                self.start = 0;
-            } else if self.buf.len() < MAX_BUF {
-                let n = (self.buf.len() * 2).min(MAX_BUF);
-                self.buf.resize(n, 0);
-            }
+        prepare_read(&mut self.buf, &mut self.start, &mut self.end);
+    }
+}
+
+/// Makes room at the end of a connection's read buffer, whose unparsed bytes are
+/// `buf[start..end]`: starts over when all is parsed, moves what is left to the front when the
+/// end is reached, and doubles the buffer (up to 256 KiB) when that is not enough.
+pub(crate) fn prepare_read(buf: &mut Vec<u8>, start: &mut usize, end: &mut usize) {
+    if *start == *end {
+        *start = 0;
+        *end = 0;
+    } else if *end == buf.len() {
+        if *start > 0 {
+            buf.copy_within(*start..*end, 0);
+            *end -= *start;
+            *start = 0;
+        } else if buf.len() < MAX_BUF {
+            let n = (buf.len() * 2).min(MAX_BUF);
+            buf.resize(n, 0);
         }
     }
 }
@@ -629,7 +636,15 @@ impl Worker {
                     rec.response(step, t0, first, done, status, wire, body);
                     if logging {
                         drop(rec);
-                        self.log_line(it.tag, t0, Some((first, done)), status, body, "ok");
+                        self.shared.log_line(
+                            &mut self.log.borrow_mut(),
+                            it.tag,
+                            t0,
+                            Some((first, done)),
+                            status,
+                            body,
+                            "ok",
+                        );
                     }
                 }
                 Outcome::Error(kind) => {
@@ -640,14 +655,30 @@ impl Worker {
                     rec.error(step, kind, now);
                     if logging {
                         drop(rec);
-                        self.log_line(it.tag, t0, None, 0, 0, kind.name());
+                        self.shared.log_line(
+                            &mut self.log.borrow_mut(),
+                            it.tag,
+                            t0,
+                            None,
+                            0,
+                            0,
+                            kind.name(),
+                        );
                     }
                 }
                 Outcome::Timeout => {
                     rec.timeout(step, Instant::now());
                     if logging {
                         drop(rec);
-                        self.log_line(it.tag, t0, None, 0, 0, "timeout");
+                        self.shared.log_line(
+                            &mut self.log.borrow_mut(),
+                            it.tag,
+                            t0,
+                            None,
+                            0,
+                            0,
+                            "timeout",
+                        );
                     }
                 }
             }
@@ -701,7 +732,15 @@ impl Worker {
             let fail = |kind: ErrorKind| {
                 self.rec.borrow_mut().error(p.step, kind, Instant::now());
                 if shared.request_log.is_some() {
-                    self.log_line(p.tag, p.t0, None, 0, 0, kind.name());
+                    self.shared.log_line(
+                        &mut self.log.borrow_mut(),
+                        p.tag,
+                        p.t0,
+                        None,
+                        0,
+                        0,
+                        kind.name(),
+                    );
                 }
             };
             loop {
@@ -796,13 +835,29 @@ impl Worker {
                             .borrow_mut()
                             .response(p.step, p.t0, first, done, st, wire, body);
                         if shared.request_log.is_some() {
-                            self.log_line(p.tag, p.t0, Some((first, done)), st, body, "ok");
+                            self.shared.log_line(
+                                &mut self.log.borrow_mut(),
+                                p.tag,
+                                p.t0,
+                                Some((first, done)),
+                                st,
+                                body,
+                                "ok",
+                            );
                         }
                     }
                     (None, Some(Outcome::Timeout)) => {
                         self.rec.borrow_mut().timeout(p.step, Instant::now());
                         if shared.request_log.is_some() {
-                            self.log_line(p.tag, p.t0, None, 0, 0, "timeout");
+                            self.shared.log_line(
+                                &mut self.log.borrow_mut(),
+                                p.tag,
+                                p.t0,
+                                None,
+                                0,
+                                0,
+                                "timeout",
+                            );
                         }
                     }
                     (None, Some(Outcome::Error(k))) => fail(k),
@@ -834,20 +889,6 @@ impl Worker {
             .next()?;
         self.side_addrs.borrow_mut().push((origin.clone(), addr));
         Some(addr)
-    }
-
-    fn log_line(
-        &self,
-        tag: usize,
-        t0: Instant,
-        times: Option<(Instant, Instant)>,
-        status: u16,
-        bytes: u64,
-        outcome: &str,
-    ) {
-        let mut log = self.log.borrow_mut();
-        self.shared
-            .log_line(&mut log, tag, t0, times, status, bytes, outcome);
     }
 
     fn think(&self, session_gap: Option<Duration>) -> Option<Duration> {

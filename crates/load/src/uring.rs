@@ -44,14 +44,12 @@ use io_uring::{opcode, squeue, types, IoUring};
 use socket2::{Domain, SockAddr, Socket, Type};
 
 use crate::config::{LoadConfig, ThinkTime, Workload};
-use crate::engine::{fixed_address, Shared};
+use crate::engine::{fixed_address, prepare_read, Shared, INITIAL_BUF};
 use crate::moderation::Moderation;
 use crate::request::{Origin, Url};
 use crate::response::ResponseParser;
 use crate::stats::{io_error_kind, ErrorKind, Progress, Recorder, Totals};
 
-const INITIAL_BUF: usize = 16 * 1024;
-const MAX_BUF: usize = 256 * 1024;
 /// Pause of a connection after a failed connection attempt (as in the tokio engine).
 const CONNECT_BACKOFF: Duration = Duration::from_millis(10);
 /// Longest a response may wait to be observed while the thread waits for more.
@@ -191,21 +189,9 @@ impl Conn {
         self.end = 0;
     }
 
-    /// Makes room at the end of the buffer (as the tokio engine's slot does).
+    /// Makes room at the end of the buffer.
     fn prepare_read(&mut self) {
-        if self.start == self.end {
-            self.start = 0;
-            self.end = 0;
-        } else if self.end == self.buf.len() {
-            if self.start > 0 {
-                self.buf.copy_within(self.start..self.end, 0);
-                self.end -= self.start;
-                self.start = 0;
-            } else if self.buf.len() < MAX_BUF {
-                let n = (self.buf.len() * 2).min(MAX_BUF);
-                self.buf.resize(n, 0);
-            }
-        }
+        prepare_read(&mut self.buf, &mut self.start, &mut self.end);
     }
 }
 

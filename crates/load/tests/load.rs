@@ -62,8 +62,9 @@ fn open_loop_rate_is_accurate() {
     );
 }
 
-#[test]
-fn redirects_are_followed_counted_and_bounded() {
+/// A server whose `/r/N` redirects to `/r/N-1` (`/r/0` answers "done"), whose `/loop`
+/// redirects to itself and whose `/x` redirects to `/y` on a second server; returns both.
+fn redirecting_servers() -> (support::Server, support::Server) {
     let other = start(|r| {
         if r.path == "/y" {
             Reply::Send(ok(b"yy"))
@@ -89,6 +90,12 @@ fn redirects_are_followed_counted_and_bounded() {
             Reply::Send(response(404, "", b""))
         }
     });
+    (srv, other)
+}
+
+#[test]
+fn redirects_are_followed_counted_and_bounded() {
+    let (srv, other) = redirecting_servers();
     let trace: Vec<ReplayRequest> = ["/r/3", "/loop", "/x"]
         .iter()
         .map(|p| ReplayRequest::get(*p))
@@ -518,28 +525,7 @@ fn cli_replays_an_access_log_as_sessions() {
 
 #[test]
 fn io_uring_loop_follows_redirects_and_logs_requests() {
-    let other = start(|r| match r.path.as_str() {
-        "/y" => Reply::Send(ok(b"yy")),
-        _ => Reply::Send(response(404, "", b"")),
-    });
-    let other_url = other.url("/y");
-    let srv = start(move |r| {
-        let p = r.path.as_str();
-        if let Some(n) = p.strip_prefix("/r/") {
-            let n: u32 = n.parse().unwrap();
-            if n == 0 {
-                Reply::Send(ok(b"done"))
-            } else {
-                Reply::Send(response(302, &format!("Location: /r/{}\r\n", n - 1), b""))
-            }
-        } else if p == "/loop" {
-            Reply::Send(response(302, "Location: /loop\r\n", b"again"))
-        } else if p == "/x" {
-            Reply::Send(response(307, &format!("Location: {other_url}\r\n"), b""))
-        } else {
-            Reply::Send(response(404, "", b""))
-        }
-    });
+    let (srv, other) = redirecting_servers();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("requests.csv");
     let run = |path: &str, max_redirects: u32| {
