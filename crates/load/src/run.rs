@@ -119,7 +119,7 @@ pub fn run_load(cfg: &LoadConfig) -> Result<Summary, LoadError> {
             .name(format!("load-{i}"))
             .spawn(move || {
                 if uring {
-                    crate::uring::run_worker(shared, progress, conns)
+                    uring::run_worker(shared, progress, conns)
                 } else {
                     run_worker(shared, progress, i, threads, conns)
                 }
