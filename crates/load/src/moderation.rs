@@ -155,6 +155,26 @@ mod tests {
         assert!(!m.holding());
     }
 
+    proptest::proptest! {
+        /// Whatever the two settings' rates, one epoch in STAY + 1 probes, and after two full
+        /// cycles the controller holds exactly when holding is the clearly faster setting
+        /// (equal-ish rates keep the setting it had).
+        #[test]
+        fn settles_on_the_faster_setting(hold in 1_000.0f64..200_000.0, free in 1_000.0f64..200_000.0) {
+            let mut t = Instant::now();
+            let mut m = Moderation::new(t);
+            run(&mut m, &mut t, 2 * (STAY + 1), hold, free);
+            let held = run(&mut m, &mut t, STAY + 1, hold, free);
+            if hold > free * (1.0 + MARGIN) {
+                proptest::prop_assert!(m.holding());
+                proptest::prop_assert_eq!(held, STAY);
+            } else {
+                proptest::prop_assert!(!m.holding());
+                proptest::prop_assert_eq!(held, 1);
+            }
+        }
+    }
+
     #[test]
     fn a_slow_epoch_ends_after_the_longest_epoch() {
         let t0 = Instant::now();
