@@ -1130,7 +1130,7 @@ impl Worker {
     }
 }
 
-fn is_redirect(status: u16) -> bool {
+pub(crate) fn is_redirect(status: u16) -> bool {
     matches!(status, 301 | 302 | 303 | 307 | 308)
 }
 

@@ -44,7 +44,7 @@ use io_uring::{opcode, squeue, types, IoUring};
 use socket2::{Domain, SockAddr, Socket, Type};
 
 use crate::config::{LoadConfig, ThinkTime, Workload};
-use crate::engine::{fixed_address, prepare_read, Shared, INITIAL_BUF};
+use crate::engine::{fixed_address, is_redirect, prepare_read, Shared, INITIAL_BUF};
 use crate::moderation::Moderation;
 use crate::request::{Origin, Url};
 use crate::response::ResponseParser;
@@ -599,7 +599,7 @@ impl Engine {
         let info = *c.parser.info();
         let first = c.first.unwrap_or(done);
         let t0 = c.t0;
-        if self.shared.cfg.max_redirects > 0 && matches!(info.status, 301 | 302 | 303 | 307 | 308) {
+        if self.shared.cfg.max_redirects > 0 && is_redirect(info.status) {
             if let Some(location) = c.parser.location().map(str::to_owned) {
                 self.rec
                     .redirect_response(None, done, info.wire_bytes, info.body_bytes);
