@@ -636,15 +636,7 @@ impl Worker {
                     rec.response(step, t0, first, done, status, wire, body);
                     if logging {
                         drop(rec);
-                        self.shared.log_line(
-                            &mut self.log.borrow_mut(),
-                            it.tag,
-                            t0,
-                            Some((first, done)),
-                            status,
-                            body,
-                            "ok",
-                        );
+                        self.log_line(it.tag, t0, Some((first, done)), status, body, "ok");
                     }
                 }
                 Outcome::Error(kind) => {
@@ -655,30 +647,14 @@ impl Worker {
                     rec.error(step, kind, now);
                     if logging {
                         drop(rec);
-                        self.shared.log_line(
-                            &mut self.log.borrow_mut(),
-                            it.tag,
-                            t0,
-                            None,
-                            0,
-                            0,
-                            kind.name(),
-                        );
+                        self.log_line(it.tag, t0, None, 0, 0, kind.name());
                     }
                 }
                 Outcome::Timeout => {
                     rec.timeout(step, Instant::now());
                     if logging {
                         drop(rec);
-                        self.shared.log_line(
-                            &mut self.log.borrow_mut(),
-                            it.tag,
-                            t0,
-                            None,
-                            0,
-                            0,
-                            "timeout",
-                        );
+                        self.log_line(it.tag, t0, None, 0, 0, "timeout");
                     }
                 }
             }
@@ -732,15 +708,7 @@ impl Worker {
             let fail = |kind: ErrorKind| {
                 self.rec.borrow_mut().error(p.step, kind, Instant::now());
                 if shared.request_log.is_some() {
-                    self.shared.log_line(
-                        &mut self.log.borrow_mut(),
-                        p.tag,
-                        p.t0,
-                        None,
-                        0,
-                        0,
-                        kind.name(),
-                    );
+                    self.log_line(p.tag, p.t0, None, 0, 0, kind.name());
                 }
             };
             loop {
@@ -835,29 +803,13 @@ impl Worker {
                             .borrow_mut()
                             .response(p.step, p.t0, first, done, st, wire, body);
                         if shared.request_log.is_some() {
-                            self.shared.log_line(
-                                &mut self.log.borrow_mut(),
-                                p.tag,
-                                p.t0,
-                                Some((first, done)),
-                                st,
-                                body,
-                                "ok",
-                            );
+                            self.log_line(p.tag, p.t0, Some((first, done)), st, body, "ok");
                         }
                     }
                     (None, Some(Outcome::Timeout)) => {
                         self.rec.borrow_mut().timeout(p.step, Instant::now());
                         if shared.request_log.is_some() {
-                            self.shared.log_line(
-                                &mut self.log.borrow_mut(),
-                                p.tag,
-                                p.t0,
-                                None,
-                                0,
-                                0,
-                                "timeout",
-                            );
+                            self.log_line(p.tag, p.t0, None, 0, 0, "timeout");
                         }
                     }
                     (None, Some(Outcome::Error(k))) => fail(k),
@@ -889,6 +841,21 @@ impl Worker {
             .next()?;
         self.side_addrs.borrow_mut().push((origin.clone(), addr));
         Some(addr)
+    }
+
+    /// Appends one line to the thread's share of the request log.
+    fn log_line(
+        &self,
+        tag: usize,
+        t0: Instant,
+        times: Option<(Instant, Instant)>,
+        status: u16,
+        bytes: u64,
+        outcome: &str,
+    ) {
+        let mut log = self.log.borrow_mut();
+        self.shared
+            .log_line(&mut log, tag, t0, times, status, bytes, outcome);
     }
 
     fn think(&self, session_gap: Option<Duration>) -> Option<Duration> {

@@ -230,8 +230,8 @@ pub(crate) fn run_worker(
 ) -> std::io::Result<(Totals, Instant)> {
     let entries = (connections * 3 + 8).next_power_of_two().clamp(8, 1 << 15) as u32;
     let ring = ring(entries)?;
-    let steps = 0;
-    let rec = Recorder::new(steps, shared.start, shared.series.clone(), progress);
+    // No rate steps: this engine runs closed loops only.
+    let rec = Recorder::new(0, shared.start, shared.series.clone(), progress);
     let item = shared
         .rendered
         .items
@@ -304,14 +304,7 @@ impl Engine {
             if want > 1 {
                 args = args.min_wait_usec(coalesce.as_micros().max(1) as u32);
             }
-            match self.ring.submitter().submit_with_args(want, &args) {
-                Ok(_) => {}
-                Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME | libc::EINTR)) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                    // The completion queue is full: reap before submitting more.
-                }
-                Err(e) => return Err(e),
-            }
+            self.enter(want, &args)?;
             now = Instant::now();
             if !self.shared.before_end(now) {
                 return Ok(());
@@ -330,6 +323,24 @@ impl Engine {
             if now >= self.next_scan {
                 self.timers(now)?;
             }
+        }
+    }
+
+    /// Submits what is queued and waits as `args` say for `want` completions. A wait that
+    /// timed out or was interrupted is no error, nor a completion queue too full to take more
+    /// submissions (the caller reaps first).
+    fn enter(&mut self, want: usize, args: &types::SubmitArgs<'_, '_>) -> std::io::Result<()> {
+        match self.ring.submitter().submit_with_args(want, args) {
+            Ok(_) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ETIME | libc::EINTR | libc::EBUSY)
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e),
         }
     }
 
@@ -364,10 +375,7 @@ impl Engine {
                         self.push(&[cancel])?;
                     }
                 }
-                State::Backoff(until) if now >= until => {
-                    self.conns[i].state = State::Idle;
-                    self.next_request(i, now)?;
-                }
+                State::Backoff(until) if now >= until => self.next_request(i, now)?,
                 State::Backoff(until) => self.next_scan = self.next_scan.min(until),
                 _ => {}
             }
@@ -454,8 +462,6 @@ impl Engine {
             c.peer = Some(sa);
             c.peer_addr = Some(addr);
             c.served = 0;
-            c.start = 0;
-            c.end = 0;
             c.connecting = true;
         } else {
             c.connecting = false;
@@ -710,10 +716,12 @@ impl Engine {
     /// counted, as in the tokio engine) and waits until the kernel has let go of every
     /// buffer, then closes the connections.
     fn drain(&mut self) -> std::io::Result<()> {
-        let cancel = opcode::AsyncCancel2::new(types::CancelBuilder::any())
-            .build()
-            .user_data(u64::MAX);
-        self.push(&[cancel])?;
+        if self.busy > 0 {
+            let cancel = opcode::AsyncCancel2::new(types::CancelBuilder::any())
+                .build()
+                .user_data(ud(0, 0, OP_CANCEL));
+            self.push(&[cancel])?;
+        }
         let limit = Instant::now() + Duration::from_secs(5);
         while self.busy > 0 {
             let left = limit.saturating_duration_since(Instant::now());
@@ -724,21 +732,16 @@ impl Engine {
                 ));
             }
             let ts = types::Timespec::from(left.min(Duration::from_millis(100)));
-            let args = types::SubmitArgs::new().timespec(&ts);
-            match self.ring.submitter().submit_with_args(1, &args) {
-                Ok(_) => {}
-                Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME | libc::EINTR)) => {}
-                Err(e) => return Err(e),
-            }
+            self.enter(1, &types::SubmitArgs::new().timespec(&ts))?;
             while let Some(cqe) = self.ring.completion().next() {
-                if cqe.user_data() == u64::MAX {
-                    continue;
-                }
                 // Any completion of a chain but a cancel ends it here (a `recv` is not armed
                 // again).
                 let (i, gen, op) = parse_ud(cqe.user_data());
+                if op == OP_CANCEL {
+                    continue;
+                }
                 let c = &mut self.conns[i];
-                if op != OP_CANCEL && c.gen == gen && c.state == State::Busy {
+                if c.gen == gen && c.state == State::Busy {
                     c.state = State::Done;
                     self.busy -= 1;
                 }
