@@ -9,6 +9,9 @@
 # The front end "floor" is bench/floor's relay: the least a layer-7 relay can do per request
 # (pooled keep-alive connections to the nodes, round robin, bodies copied, nothing parsed but the
 # end of the head and Content-Length), so floor/HAProxy bounds what any relay reaches here.
+# "floor-uring" is the same relay on io_uring (bench/floor/src/relay_uring.rs), waiting for one
+# completion at a time; FLOOR_HOLD=N,US makes its waits hold for N completions or US
+# microseconds after the first.
 #
 # Usage: bench/switch-vs-haproxy/run.sh
 #        DURATION=5 ROUNDS=5 CONNS=64 THREADS=2 bench/switch-vs-haproxy/run.sh
@@ -42,7 +45,7 @@ FRONTS=${FRONTS:-"haproxy nginx sw-chash sw-lard floor"}
 SPLICE_TABLE=${SPLICE_TABLE:-1}
 wants() { [[ " $FRONTS " == *" $1 "* ]]; }
 wants haproxy || FRONTS="haproxy $FRONTS"
-N1=18101; N2=18102; HAP=18110; NGX=18111; SWC=18112; SWL=18113; SWS=18114; SWP=18115; FLR=18116; SWB=18117
+N1=18101; N2=18102; HAP=18110; NGX=18111; SWC=18112; SWL=18113; SWS=18114; SWP=18115; FLR=18116; SWB=18117; FLU=18118
 if [ -n "${COMPARE_BIN:-}" ]; then
     [ -x "$COMPARE_BIN" ] || { echo "COMPARE_BIN $COMPARE_BIN is not an executable" >&2; exit 1; }
     wants sw-chash-b || FRONTS="$FRONTS sw-chash-b"
@@ -184,11 +187,19 @@ if [ "$SPLICE_TABLE" = 1 ]; then
     start_switch $SWP lard 0
     extra_fronts="sw-splice sw-copy"
 fi
-if wants floor; then
+if wants floor || wants floor-uring; then
     (cd "$top/bench/floor" && cargo build --release -q --target-dir "$target/floor")
+fi
+if wants floor; then
     "$target/floor/release/switchyard-floor" --port $FLR --threads "$cores" --relay "127.0.0.1:$N1,127.0.0.1:$N2" 2>"$work/floor.log" &
     pids+=($!)
     ports="$ports $FLR"
+fi
+if wants floor-uring; then
+    "$target/floor/release/switchyard-floor" --port $FLU --threads "$cores" --engine uring --hold "${FLOOR_HOLD:-1,0}" \
+        --relay "127.0.0.1:$N1,127.0.0.1:$N2" 2>"$work/floor-uring.log" &
+    pids+=($!)
+    ports="$ports $FLU"
 fi
 
 for port in $ports; do
@@ -197,7 +208,7 @@ for port in $ports; do
     [ $ok = 1 ] || { echo "port $port did not come up" >&2; cat "$work"/*.log >&2; exit 1; }
 done
 
-port_of() { case $1 in haproxy) echo $HAP;; nginx) echo $NGX;; sw-chash) echo $SWC;; sw-lard) echo $SWL;; sw-splice) echo $SWS;; sw-copy) echo $SWP;; floor) echo $FLR;; sw-chash-b) echo $SWB;; esac; }
+port_of() { case $1 in haproxy) echo $HAP;; nginx) echo $NGX;; sw-chash) echo $SWC;; sw-lard) echo $SWL;; sw-splice) echo $SWS;; sw-copy) echo $SWP;; floor) echo $FLR;; floor-uring) echo $FLU;; sw-chash-b) echo $SWB;; esac; }
 to_us() { awk '{v=$1; if (v ~ /us$/) {sub(/us/,"",v); print v} else if (v ~ /ms$/) {sub(/ms/,"",v); print v*1000} else if (v ~ /s$/) {sub(/s/,"",v); print v*1000000} else print v}'; }
 run_wrk() { # port size mode
     local extra=()

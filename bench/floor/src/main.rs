@@ -22,10 +22,12 @@
 //! hands to the socket.
 //!
 //! With `--relay ADDR[,ADDR...]` it is instead the floor of a layer-7 relay in front of those
-//! servers ([`relay`]).
+//! servers, on epoll ([`relay`]) or on io_uring ([`relay_uring`], whose waits may hold for
+//! several completions: `--hold N,MICROSECONDS`).
 //!
 //! Usage: `floor --port 18090 --threads 2 --engine epoll|uring --body 1024 [--sendfile]`
 //!        `floor --port 18090 --threads 2 --relay 127.0.0.1:18101,127.0.0.1:18102`
+//!        `floor --port 18090 --engine uring --hold 16,200 --relay 127.0.0.1:18101`
 
 use std::io;
 use std::os::fd::RawFd;
@@ -33,6 +35,7 @@ use std::os::fd::RawFd;
 use io_uring::{opcode, squeue, types, IoUring};
 
 mod relay;
+mod relay_uring;
 
 /// The request head this server accepts at most; a longer one closes the connection.
 const HEAD_MAX: usize = 4096;
@@ -44,6 +47,8 @@ struct Args {
     body: usize,
     sendfile: bool,
     relay: Vec<std::net::SocketAddrV4>,
+    /// io_uring relay: completions to wait for, and the most microseconds to wait for them.
+    hold: (usize, u32),
 }
 
 fn args() -> Result<Args, String> {
@@ -54,6 +59,7 @@ fn args() -> Result<Args, String> {
         body: 1024,
         sendfile: false,
         relay: Vec::new(),
+        hold: (1, 0),
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -68,6 +74,12 @@ fn args() -> Result<Args, String> {
             "--threads" => a.threads = v.parse().map_err(bad)?,
             "--body" => a.body = v.parse().map_err(bad)?,
             "--engine" if v == "epoll" || v == "uring" => a.engine = v,
+            "--hold" => {
+                let (n, us) = v
+                    .split_once(',')
+                    .ok_or_else(|| format!("--hold {v}: expected N,MICROSECONDS"))?;
+                a.hold = (n.parse().map_err(bad)?, us.parse().map_err(bad)?);
+            }
             "--relay" => {
                 a.relay = v
                     .split(',')
@@ -607,8 +619,8 @@ fn main() {
             std::process::exit(2);
         }
     };
-    if a.engine == "uring" && (a.sendfile || !a.relay.is_empty()) {
-        eprintln!("floor: --sendfile and --relay are for the epoll engine");
+    if a.engine == "uring" && a.sendfile {
+        eprintln!("floor: --sendfile is for the epoll engine");
         std::process::exit(2);
     }
     let resp = Responses::new(a.body, a.sendfile).unwrap_or_else(|e| {
@@ -624,8 +636,11 @@ fn main() {
             });
             let uring = a.engine == "uring";
             let upstreams = a.relay.clone();
+            let hold = a.hold;
             std::thread::spawn(move || {
-                let r = if !upstreams.is_empty() {
+                let r = if !upstreams.is_empty() && uring {
+                    relay_uring::run(l, upstreams, hold)
+                } else if !upstreams.is_empty() {
                     relay::run(l, upstreams)
                 } else if uring {
                     run_uring(l, resp)

@@ -139,37 +139,15 @@ impl Relay {
         }
         let to = self.upstreams[self.next % self.upstreams.len()];
         self.next += 1;
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return None;
-        }
-        let mut sa: libc::sockaddr_in = std::mem::zeroed();
-        sa.sin_family = libc::AF_INET as libc::sa_family_t;
-        sa.sin_port = to.port().to_be();
-        sa.sin_addr.s_addr = u32::from(*to.ip()).to_be();
-        // A blocking connect: on loopback the handshake is done within the call.
-        let one: libc::c_int = 1;
-        if libc::connect(
+        let fd = connect_upstream(to)?;
+        if ctl(
+            self.ep,
+            libc::EPOLL_CTL_ADD,
             fd,
-            (&sa as *const libc::sockaddr_in).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        ) < 0
-            || libc::setsockopt(
-                fd,
-                libc::IPPROTO_TCP,
-                libc::TCP_NODELAY,
-                (&one as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            ) < 0
-            || libc::fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK) < 0
-            || ctl(
-                self.ep,
-                libc::EPOLL_CTL_ADD,
-                fd,
-                (libc::EPOLLIN | libc::EPOLLET) as u32,
-                fd as u64 | UPSTREAM,
-            )
-            .is_err()
+            (libc::EPOLLIN | libc::EPOLLET) as u32,
+            fd as u64 | UPSTREAM,
+        )
+        .is_err()
         {
             libc::close(fd);
             return None;
@@ -207,7 +185,8 @@ impl Relay {
                         self.owner[up as usize] = cfd;
                         c.up = up;
                         c.close_after = close;
-                        let head = without_connection(&c.req[..end]);
+                        let mut head = Vec::with_capacity(end);
+                        without_connection(&c.req[..end], &mut head);
                         let n =
                             libc::send(up, head.as_ptr().cast(), head.len(), libc::MSG_NOSIGNAL);
                         if n != head.len() as isize {
@@ -362,9 +341,43 @@ impl Relay {
     }
 }
 
-/// The request head without its `Connection` header line.
-fn without_connection(head: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(head.len());
+/// A new upstream connection to `to`: connected, `TCP_NODELAY`, non-blocking.
+pub(crate) fn connect_upstream(to: SocketAddrV4) -> Option<RawFd> {
+    // SAFETY: system calls on a descriptor this function owns, with valid pointers and lengths.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return None;
+        }
+        let mut sa: libc::sockaddr_in = std::mem::zeroed();
+        sa.sin_family = libc::AF_INET as libc::sa_family_t;
+        sa.sin_port = to.port().to_be();
+        sa.sin_addr.s_addr = u32::from(*to.ip()).to_be();
+        // A blocking connect: on loopback the handshake is done within the call.
+        let one: libc::c_int = 1;
+        if libc::connect(
+            fd,
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        ) < 0
+            || libc::setsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_NODELAY,
+                (&one as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            ) < 0
+            || libc::fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK) < 0
+        {
+            libc::close(fd);
+            return None;
+        }
+        Some(fd)
+    }
+}
+
+/// The request head without its `Connection` header line, appended to `out`.
+pub(crate) fn without_connection(head: &[u8], out: &mut Vec<u8>) {
     for line in head.split_inclusive(|&b| b == b'\n') {
         let name = b"connection:";
         if line.len() >= name.len() && line[..name.len()].eq_ignore_ascii_case(name) {
@@ -372,11 +385,10 @@ fn without_connection(head: &[u8]) -> Vec<u8> {
         }
         out.extend_from_slice(line);
     }
-    out
 }
 
 /// The end of a response head in `buf` and its `Content-Length`.
-fn response_head(buf: &[u8]) -> Option<(usize, usize)> {
+pub(crate) fn response_head(buf: &[u8]) -> Option<(usize, usize)> {
     let end = buf.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
     let name = b"content-length:";
     let len = buf[..end]
@@ -394,10 +406,12 @@ mod tests {
 
     #[test]
     fn drops_only_the_connection_header() {
-        assert_eq!(
-            without_connection(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"),
-            b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"
+        let mut out = Vec::new();
+        without_connection(
+            b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+            &mut out,
         );
+        assert_eq!(out, b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
     }
 
     #[test]
