@@ -22,12 +22,15 @@
 //! hands to the socket.
 //!
 //! With `--relay ADDR[,ADDR...]` it is instead the floor of a layer-7 relay in front of those
-//! servers, on epoll ([`relay`]) or on io_uring ([`relay_uring`], whose waits may hold for
-//! several completions: `--hold N,MICROSECONDS`).
+//! servers, on epoll ([`relay`]) or on io_uring ([`relay_uring`]).
+//!
+//! On io_uring, `--hold N,MICROSECONDS` makes each wait hold until `N` completions are in (at
+//! most one per connection), or that long after the first (`min_wait_usec`, Linux 6.12), as
+//! `switchyard load`'s loop does; the default `1,0` waits for one.
 //!
 //! Usage: `floor --port 18090 --threads 2 --engine epoll|uring --body 1024 [--sendfile]`
 //!        `floor --port 18090 --threads 2 --relay 127.0.0.1:18101,127.0.0.1:18102`
-//!        `floor --port 18090 --engine uring --hold 16,200 --relay 127.0.0.1:18101`
+//!        `floor --port 18090 --engine uring --hold 16,100 [--relay 127.0.0.1:18101]`
 
 use std::io;
 use std::os::fd::RawFd;
@@ -47,7 +50,8 @@ struct Args {
     body: usize,
     sendfile: bool,
     relay: Vec<std::net::SocketAddrV4>,
-    /// io_uring relay: completions to wait for, and the most microseconds to wait for them.
+    /// io_uring: completions to wait for, and the most microseconds to wait for them after the
+    /// first.
     hold: (usize, u32),
 }
 
@@ -542,7 +546,7 @@ impl Ring {
     }
 }
 
-fn run_uring(l: RawFd, resp: &'static Responses) -> io::Result<()> {
+fn run_uring(l: RawFd, resp: &'static Responses, hold: (usize, u32)) -> io::Result<()> {
     let ring = IoUring::builder()
         .setup_single_issuer()
         .setup_defer_taskrun()
@@ -552,11 +556,22 @@ fn run_uring(l: RawFd, resp: &'static Responses) -> io::Result<()> {
     let mut conns = Table(Vec::new());
     let mut done: Vec<(u64, i32, u32)> = Vec::with_capacity(1024);
     r.accept(l)?;
+    let (want, min_wait) = hold;
     loop {
-        match r.ring.submit_and_wait(1) {
+        // (Counted only when waits hold: a measuring run, not the default.)
+        let want = if want > 1 {
+            want.min(conns.0.iter().filter(|c| c.is_some()).count().max(1))
+        } else {
+            1
+        };
+        let mut args = types::SubmitArgs::new();
+        if want > 1 && min_wait > 0 {
+            args = args.min_wait_usec(min_wait);
+        }
+        match r.ring.submitter().submit_with_args(want, &args) {
             Ok(_) => {}
             Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::ETIME)) => {}
             Err(e) => return Err(e),
         }
         done.clear();
@@ -643,7 +658,7 @@ fn main() {
                 } else if !upstreams.is_empty() {
                     relay::run(l, upstreams)
                 } else if uring {
-                    run_uring(l, resp)
+                    run_uring(l, resp, hold)
                 } else {
                     run_epoll(l, resp)
                 };
