@@ -16,6 +16,9 @@
 # too, as "node-b", in the same rotation: a change to the node is measured against the build
 # before it in the same run.
 #
+# FLOOR_HOLD=N,US makes the io_uring floor's waits hold for N completions, or US microseconds
+# after the first (default 1,0: one completion).
+#
 # Usage: bench/floor/run.sh                 (defaults below)
 #        SIZES="1k 100k" MODES=close ROUNDS=7 DURATION=5 bench/floor/run.sh
 #        COMPARE_BIN=/tmp/switchyard-before SIZES=16k MODES=keepalive bench/floor/run.sh
@@ -78,7 +81,7 @@ for size in $SIZES; do
     sf=(); [ "$(bytes "$size")" -gt 16384 ] && sf=(--sendfile)
     "$floor" --port $EPOLL_PORT --engine epoll --threads "$(nproc)" --body "$(bytes "$size")" "${sf[@]}" &
     epoll_pid=$!; pids+=($epoll_pid)
-    "$floor" --port $URING_PORT --engine uring --threads "$(nproc)" --body "$(bytes "$size")" &
+    "$floor" --port $URING_PORT --engine uring --hold "${FLOOR_HOLD:-1,0}" --threads "$(nproc)" --body "$(bytes "$size")" &
     uring_pid=$!; pids+=($uring_pid)
     wait_port $EPOLL_PORT "$size"; wait_port $URING_PORT "$size"
     for mode in $MODES; do
