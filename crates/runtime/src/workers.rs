@@ -8,6 +8,9 @@
 //! the last connection to drop its handle wakes the draining worker (no
 //! polling).
 //!
+//! Before a worker sleeps for want of work it yields its CPU to any thread waiting for one
+//! ([`yield_before_sleep`]): on shared cores that turns a wake-up per request into batches.
+//!
 //! A process may also give its workers a tidy function ([`tidy_with`]), which each calls once
 //! every [`TIDY_EVERY`] while it runs: the binary uses it to have its allocator give back what
 //! a burst of connections freed on a worker that then went quiet.
@@ -138,6 +141,24 @@ async fn tidy_every(period: Duration, tidy: fn()) {
     }
 }
 
+/// Run by a worker each time it has nothing left to do, just before it sleeps waiting for
+/// events: it first gives its CPU to any thread that is waiting for one (`sched_yield`).
+///
+/// A worker shares its cores with other busy threads: the clients' on the same host, the other
+/// workers, a switch's nodes. Going straight to sleep, it was woken by the first request that
+/// arrived and, having slept, ran at once ahead of the thread that sent it (the scheduler
+/// favours a waking thread): a wake-up and a context switch for each request or two, the
+/// sender cut off in the middle of its own batch, and connections served in the order those
+/// wake-ups happened to come, not in turn. Yielding first lets the threads that are ready run
+/// until they wait themselves; the worker then finds their requests together when it asks for
+/// events, and serves them in one pass. On the node (bench/RESULTS.md, 2026-12-06): p99 at 1 KiB
+/// keep-alive 7.9 ms before, 1.1 ms after; Connection: close 20 % more requests a second for
+/// 40 % less CPU each. With no other thread waiting, the call returns at once: one system call
+/// each time the worker goes idle.
+fn yield_before_sleep() {
+    std::thread::yield_now();
+}
+
 /// The running worker threads.
 pub struct Workers {
     abort: watch::Sender<bool>,
@@ -215,6 +236,7 @@ fn run<A, Fut>(
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
+        .on_thread_park(yield_before_sleep)
         .build()
     {
         Ok(rt) => rt,
