@@ -546,6 +546,36 @@ impl Ring {
     }
 }
 
+/// Submit what is queued and wait as `hold` says (completions to wait for, at most one per
+/// connection of the `live` ones, and the most microseconds to wait for them after the first),
+/// then move the completions into `done`. `false`: interrupted, nothing reaped.
+fn wait_and_reap(
+    ring: &mut IoUring,
+    hold: (usize, u32),
+    live: impl FnOnce() -> usize,
+    done: &mut Vec<(u64, i32, u32)>,
+) -> io::Result<bool> {
+    let (want, min_wait) = hold;
+    let want = if want > 1 { want.min(live().max(1)) } else { 1 };
+    let mut args = types::SubmitArgs::new();
+    if want > 1 && min_wait > 0 {
+        args = args.min_wait_usec(min_wait);
+    }
+    match ring.submitter().submit_with_args(want, &args) {
+        Ok(_) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINTR) => return Ok(false),
+        // Busy (completions to reap first) or the wait's timer: reap what is there.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::ETIME)) => {}
+        Err(e) => return Err(e),
+    }
+    done.clear();
+    done.extend(
+        ring.completion()
+            .map(|c| (c.user_data(), c.result(), c.flags())),
+    );
+    Ok(true)
+}
+
 fn run_uring(l: RawFd, resp: &'static Responses, hold: (usize, u32)) -> io::Result<()> {
     let ring = IoUring::builder()
         .setup_single_issuer()
@@ -556,30 +586,12 @@ fn run_uring(l: RawFd, resp: &'static Responses, hold: (usize, u32)) -> io::Resu
     let mut conns = Table(Vec::new());
     let mut done: Vec<(u64, i32, u32)> = Vec::with_capacity(1024);
     r.accept(l)?;
-    let (want, min_wait) = hold;
     loop {
         // (Counted only when waits hold: a measuring run, not the default.)
-        let want = if want > 1 {
-            want.min(conns.0.iter().filter(|c| c.is_some()).count().max(1))
-        } else {
-            1
-        };
-        let mut args = types::SubmitArgs::new();
-        if want > 1 && min_wait > 0 {
-            args = args.min_wait_usec(min_wait);
+        let live = || conns.0.iter().filter(|c| c.is_some()).count();
+        if !wait_and_reap(&mut r.ring, hold, live, &mut done)? {
+            continue;
         }
-        match r.ring.submitter().submit_with_args(want, &args) {
-            Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::ETIME)) => {}
-            Err(e) => return Err(e),
-        }
-        done.clear();
-        done.extend(
-            r.ring
-                .completion()
-                .map(|c| (c.user_data(), c.result(), c.flags())),
-        );
         for &(ud, res, flags) in &done {
             let fd = (ud >> 8) as RawFd;
             match ud & 0xff {

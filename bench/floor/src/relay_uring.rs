@@ -30,7 +30,7 @@ use std::os::fd::RawFd;
 use io_uring::{opcode, squeue, types, IoUring};
 
 use crate::relay::{connect_upstream, response_head, without_connection};
-use crate::{request, HEAD_MAX};
+use crate::{request, wait_and_reap, HEAD_MAX};
 
 const BUF: usize = 64 * 1024;
 
@@ -388,29 +388,11 @@ pub fn run(l: RawFd, upstreams: Vec<SocketAddrV4>, hold: (usize, u32)) -> io::Re
     };
     let mut done: Vec<(u64, i32, u32)> = Vec::with_capacity(1024);
     r.accept(l)?;
-    let (want, min_wait) = hold;
     loop {
-        let live = r.slots.clients.len() - r.slots.free.len();
-        let want = want.clamp(1, live.max(1));
-        let mut args = types::SubmitArgs::new();
-        if want > 1 && min_wait > 0 {
-            args = args.min_wait_usec(min_wait);
+        let live = || r.slots.clients.len() - r.slots.free.len();
+        if !wait_and_reap(&mut r.ring, hold, live, &mut done)? {
+            continue;
         }
-        match r.ring.submitter().submit_with_args(want, &args) {
-            Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EINTR | libc::EBUSY | libc::ETIME)
-                ) => {}
-            Err(e) => return Err(e),
-        }
-        done.clear();
-        done.extend(
-            r.ring
-                .completion()
-                .map(|c| (c.user_data(), c.result(), c.flags())),
-        );
         for &(ud, res, flags) in &done {
             let op = ud & 0xff;
             if op == ACCEPT {
