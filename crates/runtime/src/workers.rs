@@ -151,10 +151,12 @@ async fn tidy_every(period: Duration, tidy: fn()) {
 /// sender cut off in the middle of its own batch, and connections served in the order those
 /// wake-ups happened to come, not in turn. Yielding first lets the threads that are ready run
 /// until they wait themselves; the worker then finds their requests together when it asks for
-/// events, and serves them in one pass. On the node (bench/RESULTS.md, 2026-12-06): p99 at 1 KiB
-/// keep-alive 7.9 ms before, 1.1 ms after; Connection: close 20 % more requests a second for
-/// 40 % less CPU each. With no other thread waiting, the call returns at once: one system call
-/// each time the worker goes idle.
+/// events, and serves them in one pass. On the node against nginx (bench/RESULTS.md,
+/// 2026-12-06): p99 at 1 KiB keep-alive 7.9 ms before, 0.6-2.4 ms after (nginx 2.1-4.9);
+/// Connection: close 17-23 % more requests a second for about a third less CPU each. A relay
+/// gains from it only when the servers behind it yield too (measured both ways there), so the
+/// switch's workers, on this same runtime, yield as the node's do. With no other thread
+/// waiting, the call returns at once: one system call each time the worker goes idle.
 fn yield_before_sleep() {
     std::thread::yield_now();
 }
