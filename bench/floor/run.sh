@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# floor: what any server can reach against nginx on this machine.
+# floor: what a server can reach against nginx on this machine by doing less per request.
 #
 # Builds the floor server (bench/floor/src/main.rs: a fixed in-memory answer, no parsing beyond
 # the end of the head, one thread per core on SO_REUSEPORT, on epoll and on io_uring; on epoll
@@ -8,9 +8,11 @@
 # it, nginx (tuned as in bench/node-vs-nginx) and the switchyard node on the same file sizes.
 # wrk drives each in turn (the order rotates every round), keep-alive and "Connection: close";
 # the table gives medians of ROUNDS rounds: requests per second, the ratio to nginx, p99 and
-# each server's CPU time per request. floor/nginx is the most any server can lead nginx by
-# here: what is left of a request when all of a server's own work is taken away is the
-# kernel's and wrk's, and those are the same for every server.
+# each server's CPU time per request. floor/nginx is the most a server can lead nginx by through
+# doing less per request: what is left of a request when all of a server's own work is taken
+# away is the kernel's and wrk's. How a server sleeps changes the kernel's share too: the
+# floor sleeps as soon as it is idle, the node's workers yield their CPU first and lead it in
+# Connection: close (bench/RESULTS.md, 2026-12-06).
 #
 # With COMPARE_BIN set to another switchyard binary (an earlier build), that binary's node runs
 # too, as "node-b", in the same rotation: a change to the node is measured against the build
