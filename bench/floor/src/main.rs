@@ -3,9 +3,12 @@
 //! It answers every request on its port with the same in-memory response of `--body` bytes,
 //! reading nothing from disk, parsing nothing beyond the end of the head and a
 //! `Connection: close`, logging nothing and keeping no metrics. Whatever it costs per request
-//! is what the kernel's TCP stack and the event interface cost, the part that any server pays,
-//! so `floor / nginx` bounds from above what any server (the node included) can reach against
-//! nginx on this machine: a target above it cannot be met by user-space work alone.
+//! is what the kernel's TCP stack and the event interface cost, the part that any server pays
+//! that sleeps as it does (as soon as it is idle), so `floor / nginx` bounds what a server (the
+//! node included) can reach against nginx on this machine by doing less per request: a target
+//! above it cannot be met by less user-space work alone. (The node's workers yield their CPU
+//! before they sleep, which changes the kernel's share: they lead the floor in
+//! `Connection: close`.)
 //!
 //! Two engines, one thread per core on `SO_REUSEPORT` listeners, as the node runs:
 //! - `epoll`: accept4, then a read tried at once; a connection is registered (level-triggered)
