@@ -267,25 +267,36 @@ fn listener(port: u16) -> io::Result<RawFd> {
     }
 }
 
-/// Connections by descriptor number.
-struct Table(Vec<Option<Box<Conn>>>);
+/// Connections by descriptor number, and how many there are.
+#[derive(Default)]
+struct Table {
+    conns: Vec<Option<Box<Conn>>>,
+    live: usize,
+}
 
 impl Table {
     fn put(&mut self, fd: RawFd) -> &mut Conn {
         let i = fd as usize;
-        if self.0.len() <= i {
-            self.0.resize_with(i + 1, || None);
+        if self.conns.len() <= i {
+            self.conns.resize_with(i + 1, || None);
         }
-        self.0[i].insert(Conn::new())
+        if self.conns[i].is_none() {
+            self.live += 1;
+        }
+        self.conns[i].insert(Conn::new())
     }
 
     fn get(&mut self, fd: RawFd) -> Option<&mut Conn> {
-        self.0.get_mut(fd as usize).and_then(|c| c.as_deref_mut())
+        self.conns
+            .get_mut(fd as usize)
+            .and_then(|c| c.as_deref_mut())
     }
 
     fn remove(&mut self, fd: RawFd) {
-        if let Some(c) = self.0.get_mut(fd as usize) {
-            *c = None;
+        if let Some(c) = self.conns.get_mut(fd as usize) {
+            if c.take().is_some() {
+                self.live -= 1;
+            }
         }
     }
 }
@@ -358,7 +369,7 @@ fn epoll_loop(ep: RawFd, l: RawFd, mut f: impl FnMut(Event)) -> io::Result<()> {
 
 fn run_epoll(l: RawFd, resp: &'static Responses) -> io::Result<()> {
     let ep = epoll_with(l)?;
-    let mut conns = Table(Vec::new());
+    let mut conns = Table::default();
     // SAFETY: `drive` gets this thread's epoll descriptor and connections in `conns`.
     epoll_loop(ep, l, |e| unsafe {
         match e {
@@ -555,11 +566,11 @@ impl Ring {
 fn wait_and_reap(
     ring: &mut IoUring,
     hold: (usize, u32),
-    live: impl FnOnce() -> usize,
+    live: usize,
     done: &mut Vec<(u64, i32, u32)>,
 ) -> io::Result<bool> {
     let (want, min_wait) = hold;
-    let want = if want > 1 { want.min(live().max(1)) } else { 1 };
+    let want = want.clamp(1, live.max(1));
     let mut args = types::SubmitArgs::new();
     if want > 1 && min_wait > 0 {
         args = args.min_wait_usec(min_wait);
@@ -586,13 +597,11 @@ fn run_uring(l: RawFd, resp: &'static Responses, hold: (usize, u32)) -> io::Resu
         .setup_cqsize(8192)
         .build(4096)?;
     let mut r = Ring { ring };
-    let mut conns = Table(Vec::new());
+    let mut conns = Table::default();
     let mut done: Vec<(u64, i32, u32)> = Vec::with_capacity(1024);
     r.accept(l)?;
     loop {
-        // (Counted only when waits hold: a measuring run, not the default.)
-        let live = || conns.0.iter().filter(|c| c.is_some()).count();
-        if !wait_and_reap(&mut r.ring, hold, live, &mut done)? {
+        if !wait_and_reap(&mut r.ring, hold, conns.live, &mut done)? {
             continue;
         }
         for &(ud, res, flags) in &done {

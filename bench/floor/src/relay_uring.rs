@@ -142,6 +142,8 @@ struct Ring {
     upstreams: Vec<SocketAddrV4>,
     next: usize,
     pool: Vec<RawFd>,
+    /// Where a response's chain of entries is built.
+    chain: Vec<squeue::Entry>,
 }
 
 impl Ring {
@@ -293,13 +295,13 @@ impl Ring {
         };
         c.stage = Stage::Response { head: false, left };
         // What goes to the client: the rewritten head of a closing client, then the rest.
-        let parts: Vec<(*const u8, usize)> = [
+        let parts = [
             (c.out.as_ptr(), c.out.len()),
             (c.resp[from..].as_ptr(), c.resp_len - from),
         ]
         .into_iter()
-        .filter(|p| p.1 > 0)
-        .collect();
+        .filter(|p| p.1 > 0);
+        let count = parts.clone().count();
         let send = |(ptr, len): (*const u8, usize), quiet: bool| {
             let e = opcode::Send::new(types::Fd(c.fd), ptr, len as u32)
                 .flags(libc::MSG_NOSIGNAL | libc::MSG_WAITALL)
@@ -313,35 +315,39 @@ impl Ring {
             }
         };
         c.resp_len = 0;
+        // The chain is built in a buffer kept for it: no allocation per response.
+        let mut chain = std::mem::take(&mut self.chain);
+        chain.clear();
         if left > 0 {
-            let mut chain: Vec<_> = parts.iter().map(|&p| send(p, true)).collect();
+            chain.extend(parts.map(|p| send(p, true)));
             let room = BUF.min(left);
             chain.push(
                 opcode::Recv::new(types::Fd(c.up), c.resp.as_mut_ptr(), room as u32)
                     .build()
                     .user_data(tag(slot, gen, URECV)),
             );
-            return self.push(&chain);
-        }
-        // Answered: the upstream connection goes back to the pool.
-        let up = std::mem::replace(&mut c.up, -1);
-        c.stage = Stage::Request;
-        let report = c.close_after || request(&c.req[..c.req_len]).is_some();
-        let mut chain: Vec<_> = parts
-            .iter()
-            .enumerate()
-            .map(|(i, &p)| send(p, !(report && i == parts.len() - 1)))
-            .collect();
-        if !report {
-            let spare = &mut c.req[c.req_len..];
-            chain.push(
-                opcode::Recv::new(types::Fd(c.fd), spare.as_mut_ptr(), spare.len() as u32)
-                    .build()
-                    .user_data(tag(slot, gen, CRECV)),
+        } else {
+            // Answered: the upstream connection goes back to the pool.
+            self.pool.push(std::mem::replace(&mut c.up, -1));
+            c.stage = Stage::Request;
+            let report = c.close_after || request(&c.req[..c.req_len]).is_some();
+            chain.extend(
+                parts
+                    .enumerate()
+                    .map(|(i, p)| send(p, !(report && i == count - 1))),
             );
+            if !report {
+                let spare = &mut c.req[c.req_len..];
+                chain.push(
+                    opcode::Recv::new(types::Fd(c.fd), spare.as_mut_ptr(), spare.len() as u32)
+                        .build()
+                        .user_data(tag(slot, gen, CRECV)),
+                );
+            }
         }
-        self.pool.push(up);
-        self.push(&chain)
+        let pushed = self.push(&chain);
+        self.chain = chain;
+        pushed
     }
 
     /// Close the client and the upstream connection it holds.
@@ -385,11 +391,12 @@ pub fn run(l: RawFd, upstreams: Vec<SocketAddrV4>, hold: (usize, u32)) -> io::Re
         upstreams,
         next: 0,
         pool: Vec::new(),
+        chain: Vec::with_capacity(3),
     };
     let mut done: Vec<(u64, i32, u32)> = Vec::with_capacity(1024);
     r.accept(l)?;
     loop {
-        let live = || r.slots.clients.len() - r.slots.free.len();
+        let live = r.slots.clients.len() - r.slots.free.len();
         if !wait_and_reap(&mut r.ring, hold, live, &mut done)? {
             continue;
         }
