@@ -3,9 +3,9 @@
 # consistent hashing and with LARD), behind HAProxy (balance uri, hash-type consistent,
 # keep-alive to the servers, nbthread = cores) and behind nginx (hash $request_uri consistent,
 # upstream keepalive). wrk drives each front end over 64 files per size (so that hashing spreads
-# them over both nodes) with keep-alive and with "Connection: close", 1 KiB and 100 KiB files,
-# in alternating rounds; the table shows medians. A second table compares moving 100 KiB bodies
-# with splice(2) against the copy loop (splice_min_bytes).
+# them over both nodes) with keep-alive and with "Connection: close", 1 KiB and 100 KiB files
+# (SIZES="1k 32k 100k" adds others), in alternating rounds; the table shows medians. A second
+# table compares moving 100 KiB bodies with splice(2) against the copy loop (splice_min_bytes).
 # The front end "floor" is bench/floor's relay: the least a layer-7 relay can do per request
 # (pooled keep-alive connections to the nodes, round robin, bodies copied, nothing parsed but the
 # end of the head and Content-Length), so floor/HAProxy bounds what any relay reaches here.
@@ -78,9 +78,19 @@ trap cleanup EXIT
 
 root="$work/root"; mkdir -p "$root"
 chmod 755 "$work" "$root"
-for i in $(seq 0 63); do
-    head -c 1024 /dev/urandom > "$root/1k-$i"
-    head -c 102400 /dev/urandom > "$root/100k-$i"
+# 64 files of each size in SIZES (and of 1k, which the start-up check fetches): NNk is NN KiB,
+# NNm NN MiB.
+size_bytes() {
+    case $1 in
+        *k) echo $((${1%k} * 1024)) ;;
+        *m) echo $((${1%m} * 1048576)) ;;
+        *) echo "a size is NNk or NNm, not '$1'" >&2; exit 2 ;;
+    esac
+}
+for size in 1k $SIZES; do
+    [ -e "$root/$size-0" ] && continue
+    head -c "$(size_bytes "$size")" /dev/urandom > "$root/$size-0"
+    for i in $(seq 1 63); do cp "$root/$size-0" "$root/$size-$i"; done
 done
 cat > "$work/paths.lua" <<'LUA'
 local prefix = "1k"
