@@ -214,35 +214,61 @@ impl Connection {
         let Connection {
             stream, buf, timer, ..
         } = self;
-        // The timer is set only when the read has to wait.
-        let mut armed = false;
-        std::future::poll_fn(|cx| {
-            // Through `AsyncRead`, whose read clears the cached readiness when it comes back
-            // short (the socket is drained). `try_read_buf` would leave it set, and the pool's
-            // check of this connection at its next checkout would pay a system call to learn
-            // that nothing is there.
-            let mut space = ReadBuf::uninit(buf.spare_capacity_mut());
-            match Pin::new(&mut *stream).poll_read(cx, &mut space) {
-                Poll::Ready(Ok(())) => {
-                    let n = space.filled().len();
-                    // SAFETY: `poll_read` initialised the first `n` bytes of the spare capacity.
-                    unsafe { buf.set_len(buf.len() + n) };
-                    return Poll::Ready(Ok(n));
-                }
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => {}
-            }
-            if !armed {
-                timer.set(until);
-                armed = true;
-            }
-            match timer.poll_due(cx) {
-                Poll::Ready(()) => Poll::Ready(Err(io::ErrorKind::TimedOut.into())),
-                Poll::Pending => Poll::Pending,
-            }
-        })
-        .await
+        let n = read_waiting(stream, timer, buf.spare_capacity_mut(), until).await?;
+        // SAFETY: the read initialised the first `n` bytes of the spare capacity.
+        unsafe { buf.set_len(buf.len() + n) };
+        Ok(n)
     }
+
+    /// Read at most `max` more bytes straight onto the end of `dst` (none of them through the
+    /// connection's own buffer, which must be empty), waiting until `until`; 0 at the peer's
+    /// close. For a relay that knows how many bytes are still to come: it reads no further.
+    pub(crate) async fn read_into(
+        &mut self,
+        dst: &mut Vec<u8>,
+        max: usize,
+        until: Instant,
+    ) -> io::Result<usize> {
+        debug_assert!(self.buf.is_empty());
+        dst.reserve(max);
+        let Connection { stream, timer, .. } = self;
+        let n = read_waiting(stream, timer, &mut dst.spare_capacity_mut()[..max], until).await?;
+        // SAFETY: the read initialised the first `n` bytes of the spare capacity.
+        unsafe { dst.set_len(dst.len() + n) };
+        Ok(n)
+    }
+}
+
+/// One read from `stream` into `space` (not zeroed first), waiting until `until` on `timer`,
+/// which is set only when the read has to wait; the bytes read.
+async fn read_waiting(
+    stream: &mut TcpStream,
+    timer: &mut WaitTimer,
+    space: &mut [std::mem::MaybeUninit<u8>],
+    until: Instant,
+) -> io::Result<usize> {
+    let mut armed = false;
+    std::future::poll_fn(|cx| {
+        // Through `AsyncRead`, whose read clears the cached readiness when it comes back
+        // short (the socket is drained). `try_read_buf` would leave it set, and the pool's
+        // check of this connection at its next checkout would pay a system call to learn
+        // that nothing is there.
+        let mut space = ReadBuf::uninit(&mut *space);
+        match Pin::new(&mut *stream).poll_read(cx, &mut space) {
+            Poll::Ready(Ok(())) => return Poll::Ready(Ok(space.filled().len())),
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => {}
+        }
+        if !armed {
+            timer.set(until);
+            armed = true;
+        }
+        match timer.poll_due(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::ErrorKind::TimedOut.into())),
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await
 }
 
 /// Open a new connection to `addr`, waiting at most `limit`, with `TCP_NODELAY` set (requests go

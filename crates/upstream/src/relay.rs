@@ -3,9 +3,11 @@
 //! The body is delimited as the response head said ([`BodyLength`]): by `Content-Length`, by
 //! chunked coding (checked with the strict decoder of [`switchyard_http::chunked`] and passed on
 //! as received), or by the peer's close. Bytes go through the client's pending buffer, written
-//! whenever it reaches [`RelayOptions::flush_at`]; with [`Direct`] set, what remains of a
-//! `Content-Length` or until-close body after the first read moves straight to the client's
-//! socket instead, by splice(2) from [`Direct::splice_min`] bytes on ([`crate::splice`]).
+//! whenever it reaches [`RelayOptions::flush_at`] (a `Content-Length` body is read straight
+//! onto it, never past its end); with [`Direct`] set, what remains of a `Content-Length` body
+//! after the first read moves straight to the client's socket instead when it is at least
+//! [`Direct::splice_min`] bytes, by splice(2) ([`crate::splice`]), and so does what follows the
+//! first read of an until-close body, copied.
 //!
 //! The connection can go back to the pool when the peer keeps it open, the body was read to its
 //! end and nothing beyond it arrived.
@@ -20,7 +22,7 @@ use tokio::net::TcpStream;
 use switchyard_http::chunked::ChunkedDecoder;
 use switchyard_http::upstream::BodyLength;
 
-use crate::{splice, Connection, Deadline, Error};
+use crate::{splice, Connection, Deadline, Error, READ_SIZE};
 
 /// The client side of a relay: a buffer of bytes waiting for the client, and its socket.
 pub trait Client {
@@ -38,7 +40,7 @@ pub trait Client {
 pub struct Direct {
     /// Longest wait for the client to take more.
     pub client_wait: Duration,
-    /// Remainders of at least this many bytes are spliced; 0 never splices.
+    /// `Content-Length` remainders of at least this many bytes are spliced; 0 never splices.
     pub splice_min: u64,
 }
 
@@ -83,8 +85,29 @@ impl From<Error> for RelayFailed {
     }
 }
 
+/// Largest remainder of a `Content-Length` body read whole onto the pending bytes in direct
+/// mode (every one under the default splice threshold, 64 KiB, is): with the first read, it
+/// bounds what a relayed response holds in memory when its body is not spliced.
+const WHOLE_MAX: u64 = 128 * 1024;
+
 async fn write<C: Client>(client: &mut C) -> Result<(), Error> {
     client.write_pending().await.map_err(Error::Client)
+}
+
+/// Read at most `max` bytes from the peer onto the end of `dst`; the peer's close is
+/// [`Error::Truncated`].
+async fn read_into(
+    conn: &mut Connection,
+    dst: &mut Vec<u8>,
+    max: usize,
+    deadline: Deadline,
+) -> Result<usize, Error> {
+    match conn.read_into(dst, max, deadline.next()).await {
+        Ok(0) => Err(Error::Truncated),
+        Ok(n) => Ok(n),
+        Err(e) if e.kind() == io::ErrorKind::TimedOut => Err(Error::TimedOut),
+        Err(e) => Err(Error::Read(e)),
+    }
 }
 
 /// Read more from the peer; the peer's close is [`Error::Truncated`].
@@ -110,46 +133,45 @@ pub async fn relay_body<C: Client>(
     match body {
         BodyLength::None => {}
         BodyLength::Length(n) => {
-            let mut left = n;
-            loop {
-                let take = (conn.buf.len() as u64).min(left) as usize;
-                client.pending().extend_from_slice(&conn.buf[..take]);
-                conn.buf.advance(take);
-                left -= take as u64;
-                if left == 0 {
-                    break;
-                }
-                if let Some(d) = opts.direct {
-                    write(client).await?;
-                    if d.splice_min > 0 && left >= d.splice_min {
-                        let spliced = left;
-                        done.spliced = splice::splice_exact(
-                            &mut conn.stream,
-                            client.socket().map_err(Error::Client)?,
-                            left,
-                            opts.deadline,
-                            d.client_wait,
-                        )
-                        .await
-                        .map_err(|error| RelayFailed { error, spliced })?;
-                    } else {
-                        let mut scratch = Vec::new();
-                        splice::copy(
-                            &mut conn.stream,
-                            client.socket().map_err(Error::Client)?,
-                            Some(left),
-                            &mut scratch,
-                            opts.deadline,
-                            d.client_wait,
-                        )
-                        .await?;
-                    }
-                    break;
-                }
-                if client.pending().len() >= opts.flush_at {
+            let take = (conn.buf.len() as u64).min(n) as usize;
+            client.pending().extend_from_slice(&conn.buf[..take]);
+            conn.buf.advance(take);
+            let mut left = n - take as u64;
+            // A remainder this large after the first read moves straight to the client's
+            // socket; a smaller one is read onto the pending bytes, which go out in writes of
+            // `flush_at` or, in direct mode and up to `WHOLE_MAX`, in one write with the head.
+            if let Some(d) = opts
+                .direct
+                .filter(|d| d.splice_min > 0 && left >= d.splice_min)
+            {
+                write(client).await?;
+                let spliced = left;
+                done.spliced = splice::splice_exact(
+                    &mut conn.stream,
+                    client.socket().map_err(Error::Client)?,
+                    left,
+                    opts.deadline,
+                    d.client_wait,
+                )
+                .await
+                .map_err(|error| RelayFailed { error, spliced })?;
+                left = 0;
+            }
+            let whole = opts.direct.is_some() && left <= WHOLE_MAX;
+            while left > 0 {
+                if !whole && client.pending().len() >= opts.flush_at {
                     write(client).await?;
                 }
-                read_more(conn, opts.deadline).await?;
+                let pending = client.pending();
+                // Never past the body: what follows it is the next response's.
+                let want = if whole {
+                    left as usize
+                } else {
+                    // Up to what fills the pending bytes to `flush_at`, at least a usual read.
+                    let room = opts.flush_at.saturating_sub(pending.len()).max(READ_SIZE);
+                    left.min(room as u64) as usize
+                };
+                left -= read_into(conn, pending, want, opts.deadline).await? as u64;
             }
             done.body = n;
         }
@@ -348,6 +370,50 @@ mod tests {
         let r = r.unwrap();
         assert_eq!(r.spliced, body.len() as u64 - 100);
         assert!(got == body, "spliced bytes differ");
+    }
+
+    /// A body under the splice threshold is read onto the pending head and leaves with it in
+    /// one write, with nothing read past its end.
+    #[tokio::test]
+    async fn a_smaller_body_leaves_with_its_head_in_one_write() {
+        let (peer_side, mut peer) = pair().await;
+        let (client_side, mut client_r) = pair().await;
+        let mut conn = Connection::new(peer_side, "127.0.0.1:1".parse().unwrap(), false);
+        let body = data(50_000);
+        conn.buf.extend_from_slice(&body[..1000]);
+        let mut wire = body[1000..].to_vec();
+        wire.extend_from_slice(b"NEXT");
+        // The peer has sent it all, and more, before the relay reads.
+        peer.write_all(&wire).await.unwrap();
+        let head = b"HTTP/1.1 200 OK\r\nContent-Length: 50000\r\n\r\n";
+        let mut sink = Sink {
+            out: head.to_vec(),
+            stream: client_side,
+            writes: 0,
+        };
+        let r = relay_body(
+            &mut conn,
+            BodyLength::Length(body.len() as u64),
+            true,
+            &mut sink,
+            opts(Some(DIRECT)),
+        )
+        .await
+        .unwrap();
+        assert_eq!((r.body, r.spliced), (50_000, 0));
+        assert_eq!(sink.writes, 1);
+        drop(sink);
+        let mut got = Vec::new();
+        client_r.read_to_end(&mut got).await.unwrap();
+        assert!(
+            got == [&head[..], &body].concat(),
+            "bytes differ or out of order"
+        );
+        // What follows the body is still the peer's.
+        assert!(r.reusable && conn.buf.is_empty());
+        let mut next = [0u8; 4];
+        conn.stream.read_exact(&mut next).await.unwrap();
+        assert_eq!(&next, b"NEXT");
     }
 
     /// A peer closing within a `Content-Length` body is a peer error, not a client one.

@@ -156,17 +156,19 @@ pub async fn copy(
     peer: Deadline,
     client: Duration,
 ) -> Result<u64, Error> {
-    if buf.len() < 64 * 1024 {
-        buf.resize(64 * 1024, 0);
-    }
+    const ROOM: usize = 64 * 1024;
     let mut moved = 0u64;
     loop {
         let want = match len {
             Some(l) if moved >= l => return Ok(moved),
-            Some(l) => (l - moved).min(buf.len() as u64) as usize,
-            None => buf.len(),
+            Some(l) => (l - moved).min(ROOM as u64) as usize,
+            None => ROOM,
         };
-        let n = match timeout_at(peer.next(), from.read(&mut buf[..want])).await {
+        // Into the buffer's spare room, which is not zeroed first.
+        buf.clear();
+        buf.reserve(want);
+        let mut room = bytes::BufMut::limit(&mut *buf, want);
+        let n = match timeout_at(peer.next(), from.read_buf(&mut room)).await {
             Ok(Ok(0)) if len.is_none() => return Ok(moved),
             Ok(Ok(0)) => return Err(Error::Truncated),
             Ok(Ok(n)) => n,
