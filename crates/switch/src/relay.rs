@@ -983,7 +983,7 @@ mod tests {
     use super::*;
 
     /// What an idle client connection keeps besides its task header and its socket's
-    /// registration: the future of `serve`. A request's handler (3.4 KB of nested futures
+    /// registration: the future of `serve`. A request's handler (2.8 KB of nested futures
     /// down to the send timers) is boxed apart while it runs, so the idle state stays small;
     /// awaiting it inline would add its size to every open connection.
     #[test]

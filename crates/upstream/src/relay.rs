@@ -146,13 +146,16 @@ pub async fn relay_body<C: Client>(
             {
                 write(client).await?;
                 let spliced = left;
-                done.spliced = splice::splice_exact(
+                // Boxed, as the copy below: a large body moves seldom and long enough that an
+                // allocation is nothing beside it, and inline its state would weigh on the
+                // future of every response relayed.
+                done.spliced = Box::pin(splice::splice_exact(
                     &mut conn.stream,
                     client.socket().map_err(Error::Client)?,
                     left,
                     opts.deadline,
                     d.client_wait,
-                )
+                ))
                 .await
                 .map_err(|error| RelayFailed { error, spliced })?;
                 left = 0;
@@ -199,14 +202,14 @@ pub async fn relay_body<C: Client>(
             if let Some(d) = opts.direct {
                 write(client).await?;
                 let mut scratch = Vec::new();
-                done.body += splice::copy(
+                done.body += Box::pin(splice::copy(
                     &mut conn.stream,
                     client.socket().map_err(Error::Client)?,
                     None,
                     &mut scratch,
                     opts.deadline,
                     d.client_wait,
-                )
+                ))
                 .await?;
             } else {
                 loop {

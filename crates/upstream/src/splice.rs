@@ -251,9 +251,14 @@ pub async fn send_to_client(
 }
 
 /// [`send_to_client`] of `parts` gathered in order (a head and a body kept apart leave in one
-/// system call), calling `waits` once before the send may wait for its client: a bare socket
-/// whose send finishes at once never calls it, a registered one always does (its writes are
-/// tried and waited for in one loop, [`send_all`]). Returns the bytes sent, of all parts.
+/// system call), calling `waits` once before the send may wait for its client: a send that
+/// finishes at once never calls it. Returns the bytes sent, of all parts.
+///
+/// The first send is tried here; what must wait for the client goes on in a future of its own,
+/// boxed ([`send_rest`]). Every response the switch relays and many a node answers pass through
+/// here, inside their callers' futures: inline, the waiting state (timers, readiness, the
+/// parts left) took 624 bytes of each, which the switch's per-request handler copied into its
+/// allocation on every request. A send that waits costs an allocation, small beside the wait.
 pub async fn send_to_client_or_wait(
     to: &mut ClientSocket,
     parts: &[&[u8]],
@@ -261,41 +266,44 @@ pub async fn send_to_client_or_wait(
     limit: impl Into<SendLimit>,
     waits: impl FnOnce(),
 ) -> (usize, io::Result<()>) {
-    let mut limit = limit.into();
     let mut slices = Slices::new(parts);
     if slices.is_empty() {
         // (No system call, and no registration, for nothing.)
         return (0, Ok(()));
     }
-    let bare = !to.is_registered();
-    if bare {
-        match to.now(Interest::WRITABLE, |fd| send_flags(fd, slices.get(), more)) {
-            Ok(n) => {
-                slices.advance(n);
-                if slices.is_empty() {
-                    return (slices.done, Ok(()));
-                }
+    match to.now(Interest::WRITABLE, |fd| send_flags(fd, slices.get(), more)) {
+        Ok(n) => {
+            slices.advance(n);
+            if slices.is_empty() {
+                return (slices.done, Ok(()));
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return (0, Err(e)),
         }
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+        Err(e) => return (0, Err(e)),
     }
     waits();
+    Box::pin(send_rest(to, slices, more, limit.into())).await
+}
+
+/// What [`send_to_client_or_wait`] could not send at once: registers the socket if it is bare,
+/// waits for room (the send buffer is full), then sends the rest.
+async fn send_rest(
+    to: &mut ClientSocket,
+    mut slices: Slices<'_>,
+    more: bool,
+    limit: SendLimit,
+) -> (usize, io::Result<()>) {
     let to = match to.registered() {
         Ok(s) => &*s,
         Err(e) => return (slices.done, Err(e)),
     };
-    if bare {
-        // The send buffer is full: wait for room rather than try a send that would fail.
-        let until = limit.deadline();
-        limit = SendLimit::By(until);
-        match timeout_at(until, to.writable()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return (slices.done, Err(e)),
-            Err(_) => return (slices.done, Err(timed_out())),
-        }
+    let until = limit.deadline();
+    match timeout_at(until, to.writable()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return (slices.done, Err(e)),
+        Err(_) => return (slices.done, Err(timed_out())),
     }
-    let r = send_slices(to, &mut slices, more, limit).await;
+    let r = send_slices(to, &mut slices, more, SendLimit::By(until)).await;
     (slices.done, r)
 }
 
