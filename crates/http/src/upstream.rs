@@ -245,7 +245,7 @@ fn line_of(buf: &[u8], name: *const u8, head_len: usize) -> Option<(usize, usize
     if start >= head_len {
         return None;
     }
-    let end = start + buf[start..head_len].iter().position(|&b| b == b'\n')? + 1;
+    let end = start + memchr::memchr(b'\n', &buf[start..head_len])? + 1;
     Some((start, end))
 }
 
