@@ -102,19 +102,20 @@ async fn read_into(
     max: usize,
     deadline: Deadline,
 ) -> Result<usize, Error> {
-    match conn.read_into(dst, max, deadline.next()).await {
-        Ok(0) => Err(Error::Truncated),
-        Ok(n) => Ok(n),
-        Err(e) if e.kind() == io::ErrorKind::TimedOut => Err(Error::TimedOut),
-        Err(e) => Err(Error::Read(e)),
-    }
+    peer_read(conn.read_into(dst, max, deadline.next()).await)
 }
 
 /// Read more from the peer; the peer's close is [`Error::Truncated`].
 async fn read_more(conn: &mut Connection, deadline: Deadline) -> Result<(), Error> {
-    match conn.read_more(deadline.next()).await {
+    peer_read(conn.read_more(deadline.next()).await).map(|_| ())
+}
+
+/// A read from the peer within a body, as the relay's error: its close (0 bytes) cuts the body
+/// short.
+fn peer_read(r: io::Result<usize>) -> Result<usize, Error> {
+    match r {
         Ok(0) => Err(Error::Truncated),
-        Ok(_) => Ok(()),
+        Ok(n) => Ok(n),
         Err(e) if e.kind() == io::ErrorKind::TimedOut => Err(Error::TimedOut),
         Err(e) => Err(Error::Read(e)),
     }
