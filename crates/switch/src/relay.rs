@@ -582,6 +582,7 @@ impl Client {
         // been acted on by the node before it closed, so it is never sent twice: it is
         // answered 502.
         let idempotent = head.method.is_idempotent();
+        after_other_ready_requests().await;
         let mut pooled = b.take_idle();
         loop {
             let mut node = match pooled.take() {
@@ -976,6 +977,25 @@ fn error_response(
     if with_body {
         out.extend_from_slice(body.as_bytes());
     }
+}
+
+/// Let the worker's other connections that are ready read and route their requests before this
+/// one goes to its node: the task steps back once (`yield_now`) and runs again after them and
+/// after the runtime's next look for events, so the requests of one pass leave together.
+///
+/// Sent each as soon as it was routed, the requests of a pass left a few microseconds apart,
+/// one per connection's parse and choice; a node woken by the first read it and went back to
+/// wait before the next arrived, and woke again for each. Sent together, they find a node woken
+/// once: with two nodes on the switch's two cores, the nodes' `epoll_wait` calls per relayed
+/// 1 KiB request went from 0.145 to 0.070 and their context switches from 0.17 to 0.11, and the
+/// whole machine's CPU per request from 29.0 to 28.1 µs. Cost: one more poll of the task per
+/// request and, per pass, one look for events that does not wait; with one request in flight
+/// no change in latency (`wrk -c1`). Relay / HAProxy at 1 KiB keep-alive, against the build
+/// before in the same runs: 1.20 against 1.12, 1.05 against 1.07, 1.22 against 1.15; level in
+/// close mode and at 16-100 KiB within noise, and in the lab (bench/RESULTS.md, 2026-12-06,
+/// fourth session).
+async fn after_other_ready_requests() {
+    tokio::task::yield_now().await;
 }
 
 #[cfg(test)]
