@@ -991,9 +991,9 @@ fn error_response(
 /// whole machine's CPU per request from 29.0 to 28.1 µs. Cost: one more poll of the task per
 /// request and, per pass, one look for events that does not wait; with one request in flight
 /// no change in latency (`wrk -c1`). Relay / HAProxy at 1 KiB keep-alive, against the build
-/// before in the same runs: 1.20 against 1.12, 1.05 against 1.07, 1.22 against 1.15; level in
-/// close mode and at 16-100 KiB within noise, and in the lab (bench/RESULTS.md, 2026-12-06,
-/// fourth session).
+/// before in the same runs: 1.20 against 1.12, 1.05 against 1.07, 1.21 against 1.13 (in the
+/// lab 1.29 against 1.22); level within noise in close mode and at 16-100 KiB
+/// (bench/RESULTS.md, 2026-12-06, fourth session).
 async fn after_other_ready_requests() {
     tokio::task::yield_now().await;
 }
