@@ -708,15 +708,6 @@ impl Client {
         // A drain that started while the node worked closes the connection after this response.
         let client_keep = keep && meta.body != BodyLength::UntilClose && !self.stopping();
         let from_cache = meta.cache;
-        if self.out.capacity() == 0 {
-            self.out = spare::take_vec();
-        }
-        self.out.clear();
-        // Head and the body bytes already read go out together: room for both at once.
-        self.out
-            .reserve(r.head.len() + 32 + node.buffered().len().min(FLUSH_AT));
-        resp::client_response_head(&r.head, &meta, client_keep, http10, &mut self.out);
-        let head_bytes = self.out.len() as u64;
         let opts = upstream::RelayOptions {
             deadline: Deadline::Each(t.node),
             flush_at: FLUSH_AT,
@@ -726,6 +717,19 @@ impl Client {
                 splice_min: gen.cfg.splice_min_bytes,
             }),
         };
+        // The head and the body bytes that join it before the first write: room for all of
+        // them at once. A buffer too small is given back and a new one taken, not grown:
+        // growing would copy the whole old allocation, bytes that belong to no one.
+        let room = r.head.len() + 32 + opts.pending_room(meta.body, node.buffered().len());
+        if self.out.capacity() == 0 {
+            self.out = spare::take_vec();
+        }
+        self.out.clear();
+        if self.out.capacity() < room {
+            spare::give_vec(std::mem::replace(&mut self.out, Vec::with_capacity(room)));
+        }
+        resp::client_response_head(&r.head, &meta, client_keep, http10, &mut self.out);
+        let head_bytes = self.out.len() as u64;
         let mut to = ToClient {
             stream: &mut self.stream,
             out: &mut self.out,
