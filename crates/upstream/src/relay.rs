@@ -74,9 +74,8 @@ impl RelayOptions {
             BodyLength::Length(n) => {
                 let take = (buffered as u64).min(n);
                 let left = n - take;
-                let whole = self.direct.is_some_and(|d| {
-                    left <= WHOLE_MAX && (d.splice_min == 0 || left < d.splice_min)
-                });
+                let whole =
+                    self.direct.is_some() && self.splices(left).is_none() && left <= WHOLE_MAX;
                 if whole {
                     n as usize
                 } else {
@@ -86,6 +85,13 @@ impl RelayOptions {
             BodyLength::None => 0,
             BodyLength::Chunked | BodyLength::UntilClose => buffered.min(self.flush_at),
         }
+    }
+
+    /// The direct mode when a `Content-Length` remainder of `left` bytes (after the first
+    /// read) moves straight to the client's socket by splice(2).
+    fn splices(&self, left: u64) -> Option<Direct> {
+        self.direct
+            .filter(|d| d.splice_min > 0 && left >= d.splice_min)
     }
 }
 
@@ -175,10 +181,7 @@ pub async fn relay_body<C: Client>(
             // A remainder this large after the first read moves straight to the client's
             // socket; a smaller one is read onto the pending bytes, which go out in writes of
             // `flush_at` or, in direct mode and up to `WHOLE_MAX`, in one write with the head.
-            if let Some(d) = opts
-                .direct
-                .filter(|d| d.splice_min > 0 && left >= d.splice_min)
-            {
+            if let Some(d) = opts.splices(left) {
                 write(client).await?;
                 let spliced = left;
                 // Boxed, as the copy below: a large body moves seldom and long enough that an
