@@ -18,7 +18,7 @@ use switchyard_runtime::request::{self as reading, BodyError, ClientConn, Client
 use switchyard_runtime::request::{HeadEnd, HeadWait, CONTINUE};
 use switchyard_runtime::shed::{Waiting, WaitingClients};
 use switchyard_runtime::{spare, ClientSocket, WaitTimer};
-use switchyard_upstream::splice::send_to_client;
+use switchyard_upstream::splice::{send_to_client, send_to_client_or_wait};
 use switchyard_upstream::{self as upstream, Deadline};
 use tokio::net::TcpStream;
 use tokio::time::timeout_at;
@@ -942,6 +942,15 @@ impl upstream::Client for ToClient<'_> {
     async fn write_pending(&mut self) -> io::Result<()> {
         *self.listed = Some(self.waiting.enter(self.stream.raw_fd(), self.at_shutdown));
         let (_, r) = send_to_client(self.stream, self.out, false, self.send).await;
+        self.out.clear();
+        r
+    }
+
+    async fn write_pending_around(&mut self, at: usize, middle: &[u8]) -> io::Result<()> {
+        *self.listed = Some(self.waiting.enter(self.stream.raw_fd(), self.at_shutdown));
+        let (head, rest) = self.out.split_at(at);
+        let parts = [head, middle, rest];
+        let (_, r) = send_to_client_or_wait(self.stream, &parts, false, self.send, || {}).await;
         self.out.clear();
         r
     }

@@ -115,6 +115,24 @@ impl Client {
         }
     }
 
+    /// Connects to `addr` with a receive buffer of about `bytes` set before the handshake, so
+    /// that the server's writes to it stop where the small window is full and go on as the
+    /// test reads; reads time out after 10 s.
+    pub fn connect_with_receive_buffer(addr: SocketAddr, bytes: usize) -> Client {
+        let domain = socket2::Domain::for_address(addr);
+        let socket = socket2::Socket::new(domain, socket2::Type::STREAM, None).unwrap();
+        socket.set_recv_buffer_size(bytes).unwrap();
+        socket.connect(&addr.into()).unwrap();
+        let stream = TcpStream::from(socket);
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        Client {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
     /// Writes `bytes`.
     pub fn send(&mut self, bytes: &[u8]) {
         self.stream.write_all(bytes).unwrap();
