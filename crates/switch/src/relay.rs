@@ -940,10 +940,8 @@ impl upstream::Client for ToClient<'_> {
     }
 
     async fn write_pending(&mut self) -> io::Result<()> {
-        *self.listed = Some(self.waiting.enter(self.stream.raw_fd(), self.at_shutdown));
-        let (_, r) = send_to_client(self.stream, self.out, false, self.send).await;
-        self.out.clear();
-        r
+        let all = self.out.len();
+        self.write_pending_around(all, &[]).await
     }
 
     async fn write_pending_around(&mut self, at: usize, middle: &[u8]) -> io::Result<()> {

@@ -255,7 +255,7 @@ pub async fn send_to_client(
 /// finishes at once never calls it. Returns the bytes sent, of all parts.
 ///
 /// The first send is tried here; what must wait for the client goes on in a future of its own,
-/// boxed ([`send_rest`]). Every response the switch relays and many a node answers pass through
+/// boxed (`send_rest`). Every response the switch relays and many a node answers pass through
 /// here, inside their callers' futures: inline, the waiting state (timers, readiness, the
 /// parts left) took 624 bytes of each, which the switch's per-request handler copied into its
 /// allocation on every request. A send that waits costs an allocation, small beside the wait.
