@@ -105,14 +105,7 @@ pub struct Client {
 impl Client {
     /// Connects to `addr`; reads time out after 10 s.
     pub fn connect(addr: SocketAddr) -> Client {
-        let stream = TcpStream::connect(addr).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        Client {
-            stream,
-            buf: Vec::new(),
-        }
+        Client::over(TcpStream::connect(addr).unwrap())
     }
 
     /// Connects to `addr` with a receive buffer of about `bytes` set before the handshake, so
@@ -123,7 +116,11 @@ impl Client {
         let socket = socket2::Socket::new(domain, socket2::Type::STREAM, None).unwrap();
         socket.set_recv_buffer_size(bytes).unwrap();
         socket.connect(&addr.into()).unwrap();
-        let stream = TcpStream::from(socket);
+        Client::over(TcpStream::from(socket))
+    }
+
+    /// A client on a connected `stream`, whose reads time out after 10 s.
+    fn over(stream: TcpStream) -> Client {
         stream
             .set_read_timeout(Some(Duration::from_secs(10)))
             .unwrap();

@@ -345,6 +345,18 @@ mod tests {
         around: Vec<usize>,
     }
 
+    impl Sink {
+        /// A client on `stream` with `out` pending.
+        fn new(stream: TcpStream, out: &[u8]) -> Sink {
+            Sink {
+                out: out.to_vec(),
+                stream,
+                writes: 0,
+                around: Vec::new(),
+            }
+        }
+    }
+
     impl Client for Sink {
         fn pending(&mut self) -> &mut Vec<u8> {
             &mut self.out
@@ -416,12 +428,7 @@ mod tests {
             client_r.read_to_end(&mut got).await.unwrap();
             got
         });
-        let mut sink = Sink {
-            out: Vec::new(),
-            stream: client_side,
-            writes: 0,
-            around: Vec::new(),
-        };
+        let mut sink = Sink::new(client_side, &[]);
         let r = relay_body(&mut conn, body, true, &mut sink, opts).await;
         drop(sink);
         if r.is_ok() && !after.is_empty() && !close {
@@ -553,12 +560,7 @@ mod tests {
         // The peer has sent it all, and more, before the relay reads.
         peer.write_all(&wire).await.unwrap();
         let head = b"HTTP/1.1 200 OK\r\nContent-Length: 50000\r\n\r\n";
-        let mut sink = Sink {
-            out: head.to_vec(),
-            stream: client_side,
-            writes: 0,
-            around: Vec::new(),
-        };
+        let mut sink = Sink::new(client_side, head);
         let r = relay_body(
             &mut conn,
             BodyLength::Length(body.len() as u64),
@@ -612,12 +614,7 @@ mod tests {
             conn.buf.extend_from_slice(&body);
             conn.buf.extend_from_slice(b"NEXT");
             let head = b"HTTP/1.1 200 OK\r\nContent-Length: 3000\r\n\r\n";
-            let mut sink = Sink {
-                out: head.to_vec(),
-                stream: client_side,
-                writes: 0,
-                around: Vec::new(),
-            };
+            let mut sink = Sink::new(client_side, head);
             let len = BodyLength::Length(body.len() as u64);
             let r = if gathers {
                 let r = relay_body(&mut conn, len, true, &mut sink, opts(Some(DIRECT))).await;
@@ -730,12 +727,7 @@ mod tests {
         let (client_side, _client_r) = pair().await;
         let mut conn = Connection::new(peer_side, "127.0.0.1:1".parse().unwrap(), false);
         conn.buf.extend_from_slice(b"hello");
-        let mut sink = Sink {
-            out: b"HEAD".to_vec(),
-            stream: client_side,
-            writes: 0,
-            around: Vec::new(),
-        };
+        let mut sink = Sink::new(client_side, b"HEAD");
         let o = RelayOptions {
             flush_end: false,
             ..opts(None)
