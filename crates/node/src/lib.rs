@@ -190,7 +190,8 @@ impl RunningNode {
     }
 
     /// Stop accepting, let open connections finish their current response
-    /// (idle ones close at once), and wait for them up to `grace`; then
+    /// (idle ones close at once, but for those whose client's bytes have
+    /// already arrived), and wait for them up to `grace`; then
     /// drop whatever is left. Handoff control connections stay open while
     /// the connections drain (a switch's `Create` is refused with
     /// `ShuttingDown` meanwhile) and close afterwards; the Unix control

@@ -104,9 +104,18 @@ impl WaitingClients {
     /// ([`ClientConn::list_closed_at_shutdown`](crate::request::ClientConn::list_closed_at_shutdown)).
     /// The others (connections that may yet move to another host, where their closed reading
     /// side would go with them) are left to watch the signal.
+    ///
+    /// A listed connection whose client's bytes have already arrived, not yet read, is left
+    /// alone too: a request is on its way, and its connection reads it as it would have a
+    /// moment earlier and, as one part-way through a head, may finish it. Ended, it read what
+    /// had come and then its end, and a client that had sent a head in two parts lost the
+    /// request to a stop that came between the parts' arrival and their read.
     pub fn close_all(&self) {
         let waiting = self.lock();
         for Listed { fd, .. } in waiting.iter().filter(|l| l.closed_at_shutdown) {
+            if has_unread(*fd) {
+                continue;
+            }
             // SAFETY: as in `shed_oldest`, a listed connection's socket is still open.
             unsafe { libc::shutdown(*fd, libc::SHUT_RD) };
         }
@@ -207,6 +216,14 @@ impl Drop for Waiting {
         // Nothing if the connection was shed: its entry has left, or has a new generation.
         self.list.lock().remove(self.place);
     }
+}
+
+/// Whether bytes from the peer wait unread on the socket `fd` (`FIONREAD`).
+fn has_unread(fd: RawFd) -> bool {
+    let mut n: libc::c_int = 0;
+    // SAFETY: `fd` is an open socket (see `close_all`) and `n` outlives the call.
+    let r = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) };
+    r == 0 && n > 0
 }
 
 #[cfg(test)]
@@ -314,9 +331,9 @@ mod tests {
         assert_eq!(list.watchers.load(SeqCst), 0);
     }
 
-    /// At shutdown every connection listed to be closed then reads its end (after what it
-    /// had received), none is counted as shed, and one not listed, listed to be left to the
-    /// stop signal, or kept since, is left alone (and can still be shed).
+    /// At shutdown every connection listed to be closed then reads its end, none is counted
+    /// as shed, and one not listed, listed to be left to the stop signal, kept since, or with
+    /// its client's bytes already arrived, is left alone (and can still be shed).
     #[test]
     fn close_all_ends_every_wait_listed_to_end_at_shutdown() {
         let list = WaitingClients::new();
@@ -326,6 +343,9 @@ mod tests {
         let (mut d, _cd) = pair();
         let (mut e, _ce) = pair();
         ca.write_all(b"GET").unwrap();
+        let mut got = [0u8; 8];
+        // The bytes have arrived (a blocking peek returns once they have), unread.
+        assert_eq!(a.peek(&mut got).unwrap(), 3);
         let ta = list.enter(a.as_raw_fd(), true);
         let td = list.enter(d.as_raw_fd(), false);
         let tb = list.enter(b.as_raw_fd(), true);
@@ -333,18 +353,22 @@ mod tests {
         te.keep_at_shutdown();
         list.close_all();
         assert_eq!(list.shed_count(), 0);
-        let mut got = [0u8; 8];
-        assert_eq!(a.read(&mut got).unwrap(), 3);
-        assert_eq!(a.read(&mut got).unwrap(), 0);
         assert_eq!(b.read(&mut got).unwrap(), 0);
-        drop((ta, tb));
-        for open in [&mut c, &mut d, &mut e] {
+        drop(tb);
+        // `a` reads its request's first bytes (its wait over, it leaves the list) and may wait
+        // for the rest.
+        assert_eq!(a.read(&mut got).unwrap(), 3);
+        drop(ta);
+        for open in [&mut a, &mut c, &mut d, &mut e] {
             open.set_nonblocking(true).unwrap();
             assert_eq!(
                 open.read(&mut got).unwrap_err().kind(),
                 std::io::ErrorKind::WouldBlock
             );
         }
+        ca.write_all(b" / HTTP/1.1").unwrap();
+        a.set_nonblocking(false).unwrap();
+        assert_eq!(a.read(&mut got).unwrap(), 8);
         assert!(list.shed_oldest());
         assert_eq!(d.read(&mut got).unwrap(), 0);
         drop((td, te));
