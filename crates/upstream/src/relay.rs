@@ -75,10 +75,10 @@ impl RelayOptions {
     /// Body bytes that [`relay_body`] puts in the client's pending bytes before their first
     /// write, for a response framed by `body` of which `buffered` bytes were read with its
     /// head: of a `Content-Length` body read whole (in direct mode, not spliced, its remainder
-    /// at most `WHOLE_MAX`) the remainder when the relay writes at its end (what was read with
-    /// the head stays where it is, [`Client::write_pending_around`]) and all of it when it does
-    /// not, else what was read with the head (at most `flush_at` of it counted, for bodies that
-    /// go out in pieces).
+    /// at most `WHOLE_MAX`) the remainder when what was read with the head stays where it is
+    /// (the relay writes at its end and at least `GATHER_MIN` came with the head,
+    /// [`Client::write_pending_around`]) and all of it when it does not, else what was read
+    /// with the head (at most `flush_at` of it counted, for bodies that go out in pieces).
     ///
     /// The caller gives the pending bytes room for the head and this much before it writes the
     /// head: grown as they came, they were reallocated once or twice per response with the
@@ -92,7 +92,7 @@ impl RelayOptions {
                 let left = n - take;
                 if !self.whole(left) {
                     take as usize
-                } else if self.flush_end {
+                } else if self.gathers(take as usize, left) {
                     left as usize
                 } else {
                     n as usize
@@ -115,6 +115,14 @@ impl RelayOptions {
     /// at most `WHOLE_MAX`.
     fn whole(&self, left: u64) -> bool {
         self.direct.is_some() && self.splices(left).is_none() && left <= WHOLE_MAX
+    }
+
+    /// Whether a `Content-Length` body of which `take` bytes came with the head and `left` are
+    /// still to come leaves with the head at the relay's end with those `take` bytes where
+    /// they were read ([`Client::write_pending_around`]): read whole, written at the end, and
+    /// at least `GATHER_MIN` of them.
+    fn gathers(&self, take: usize, left: u64) -> bool {
+        self.flush_end && self.whole(left) && take >= GATHER_MIN
     }
 }
 
@@ -150,6 +158,11 @@ impl From<Error> for RelayFailed {
 /// mode (every one under the default splice threshold, 64 KiB, is): with the first read, it
 /// bounds what a relayed response holds in memory when its body is not spliced.
 const WHOLE_MAX: u64 = 128 * 1024;
+
+/// Fewer body bytes than this read with the head are copied behind it rather than sent where
+/// they are: a send gathered from two places costs the kernel more than a copy of a few KiB
+/// costs here (the node draws the same line for its cached bodies).
+const GATHER_MIN: usize = 4 * 1024;
 
 async fn write<C: Client>(client: &mut C) -> Result<(), Error> {
     client.write_pending().await.map_err(Error::Client)
@@ -198,7 +211,7 @@ pub async fn relay_body<C: Client>(
             let take = (conn.buf.len() as u64).min(n) as usize;
             // Room for what joins the head before the first write, at once (see `pending_room`).
             client.pending().reserve(opts.pending_room(body, take));
-            if opts.flush_end && opts.whole(n - take as u64) {
+            if opts.gathers(take, n - take as u64) {
                 return relay_whole(conn, n, take, keep_alive, client, opts).await;
             }
             client.pending().extend_from_slice(&conn.buf[..take]);
@@ -299,8 +312,8 @@ pub async fn relay_body<C: Client>(
     Ok(done)
 }
 
-/// A `Content-Length` body of `n` bytes read whole, `take` of them with its head, to leave with
-/// the pending head in one write. What was read with the head stays in the connection's buffer
+/// A `Content-Length` body of `n` bytes read whole, `take` of them (at least `GATHER_MIN`)
+/// with its head, to leave with the pending head in one write. What was read with the head stays in the connection's buffer
 /// and goes between the head and the rest, which is read onto the head's bytes: a response
 /// passes through the relay without a copy of its body (at 16 KiB the copy was half of the
 /// relay's instructions per response).
@@ -465,9 +478,12 @@ mod tests {
         };
         let spliced = direct(65536);
         // Read whole: the remainder is under the splice threshold and WHOLE_MAX. What came
-        // with the head stays where it was read; the rest joins the head.
+        // with the head stays where it was read; the rest joins the head. Under GATHER_MIN it
+        // is copied behind the head too.
         assert_eq!(spliced.pending_room(BodyLength::Length(16384), 16000), 384);
-        assert_eq!(spliced.pending_room(BodyLength::Length(100), 300), 0);
+        assert_eq!(spliced.pending_room(BodyLength::Length(100), 300), 100);
+        assert_eq!(spliced.pending_room(BodyLength::Length(9000), 5000), 4000);
+        assert_eq!(spliced.pending_room(BodyLength::Length(9000), 3000), 9000);
         // Written later by the caller, all of it joins the head.
         let later = RelayOptions {
             flush_end: false,
@@ -554,8 +570,8 @@ mod tests {
         let (client_side, mut client_r) = pair().await;
         let mut conn = Connection::new(peer_side, "127.0.0.1:1".parse().unwrap(), false);
         let body = data(50_000);
-        conn.buf.extend_from_slice(&body[..1000]);
-        let mut wire = body[1000..].to_vec();
+        conn.buf.extend_from_slice(&body[..5000]);
+        let mut wire = body[5000..].to_vec();
         wire.extend_from_slice(b"NEXT");
         // The peer has sent it all, and more, before the relay reads.
         peer.write_all(&wire).await.unwrap();
@@ -573,7 +589,7 @@ mod tests {
         assert_eq!((r.body, r.spliced), (50_000, 0));
         assert_eq!(sink.writes, 1);
         // What came with the head went between it and the rest, not copied onto them.
-        assert_eq!(sink.around, [1000]);
+        assert_eq!(sink.around, [5000]);
         drop(sink);
         let mut got = Vec::new();
         client_r.read_to_end(&mut got).await.unwrap();
@@ -590,7 +606,8 @@ mod tests {
 
     /// A body read whole with its head, and bytes after it, leaves from where it was read; the
     /// bytes after it stay in the connection's buffer, which is then not reusable. A client
-    /// that does not gather gets the same bytes, copied.
+    /// that does not gather gets the same bytes, copied, and so does one whose body is under
+    /// `GATHER_MIN`.
     #[tokio::test]
     async fn a_body_read_with_its_head_is_not_copied() {
         /// A client with the default write around a part: it copies.
@@ -606,34 +623,40 @@ mod tests {
                 self.0.socket()
             }
         }
-        for gathers in [true, false] {
+        for (gathering, n) in [(true, 5000), (false, 5000), (true, GATHER_MIN - 1)] {
             let (peer_side, _peer) = pair().await;
             let (client_side, mut client_r) = pair().await;
             let mut conn = Connection::new(peer_side, "127.0.0.1:1".parse().unwrap(), false);
-            let body = data(3000);
+            let body = data(n);
             conn.buf.extend_from_slice(&body);
             conn.buf.extend_from_slice(b"NEXT");
-            let head = b"HTTP/1.1 200 OK\r\nContent-Length: 3000\r\n\r\n";
-            let mut sink = Sink::new(client_side, head);
-            let len = BodyLength::Length(body.len() as u64);
-            let r = if gathers {
+            let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {n}\r\n\r\n");
+            let sink = Sink::new(client_side, head.as_bytes());
+            let len = BodyLength::Length(n as u64);
+            let (r, sink) = if gathering {
+                let mut sink = sink;
                 let r = relay_body(&mut conn, len, true, &mut sink, opts(Some(DIRECT))).await;
-                assert_eq!(sink.around, [3000]);
-                drop(sink);
-                r
+                (r, sink)
             } else {
                 let mut c = Copying(sink);
                 let r = relay_body(&mut conn, len, true, &mut c, opts(Some(DIRECT))).await;
-                assert_eq!((c.0.writes, &c.0.around[..]), (1, &[][..]));
-                r
-            }
-            .unwrap();
-            assert_eq!((r.body, r.spliced, r.reusable), (3000, 0, false));
+                (r, c.0)
+            };
+            let r = r.unwrap();
+            let around: &[usize] = if gathering && n >= GATHER_MIN {
+                &[n]
+            } else {
+                &[]
+            };
+            assert_eq!((sink.writes, &sink.around[..]), (1, around), "{n}");
+            drop(sink);
+            assert_eq!((r.body, r.spliced, r.reusable), (n as u64, 0, false));
             assert_eq!(&conn.buf[..], b"NEXT");
             drop(conn);
             let mut got = Vec::new();
             client_r.read_to_end(&mut got).await.unwrap();
-            assert!(got == [&head[..], &body].concat(), "gathers {gathers}");
+            let want = [head.as_bytes(), &body].concat();
+            assert!(got == want, "gathering {gathering}, {n} bytes");
         }
     }
 
