@@ -351,7 +351,7 @@ fn peek_queue(
 /// The caller must already have installed the steering entry that sends the
 /// client's packets to the taker, so that nothing reaches this socket while
 /// it is being dumped; and whatever still arrives from the start of the dump
-/// on is dropped unacknowledged (see [`deafen`]), for the peer to retransmit
+/// on is dropped unacknowledged (see `deafen`), for the peer to retransmit
 /// to the taker. On success the socket is left deaf and in repair mode: drop it
 /// (closing it sends nothing) once the taker has accepted, or call
 /// [`leave_repair`] to serve it here after all. On error repair mode is left

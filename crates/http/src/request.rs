@@ -209,8 +209,8 @@ impl RequestError {
 /// RFC 9112 §2.2 lets a recipient accept it, and httparse does, but a front
 /// end that does not would frame the message differently; httparse has no
 /// option to refuse it. A head it parsed whole is checked after it
-/// ([`parsed_head_has_bare_lf`]: one SIMD pass over its byte pairs); any
-/// other buffer is scanned line by line up to the blank line ([`bare_lf`]),
+/// (`parsed_head_has_bare_lf`: one SIMD pass over its byte pairs); any
+/// other buffer is scanned line by line up to the blank line (`bare_lf`),
 /// so a bare LF is refused before the head is complete, too.
 ///
 /// A request line of `HTTP/1.x` with a minor version above 1 is served as

@@ -138,7 +138,7 @@ impl Root {
 static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
 
 /// Open `rel` (relative, read only, plus `extra` flags) strictly beneath the directory `root`:
-/// with `openat2(RESOLVE_BENEATH)`, or where the kernel lacks it by [`walk_beneath`].
+/// with `openat2(RESOLVE_BENEATH)`, or where the kernel lacks it by `walk_beneath`.
 pub fn open_beneath(root: BorrowedFd<'_>, rel: &str, extra: OFlag) -> Result<File, Errno> {
     let flags = OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | extra;
     if !NO_OPENAT2.load(Relaxed) {

@@ -9,7 +9,7 @@
 //! polling).
 //!
 //! Before a worker sleeps for want of work it yields its CPU to any thread waiting for one
-//! ([`yield_before_sleep`]): on shared cores that turns a wake-up per request into batches.
+//! (`yield_before_sleep`): on shared cores that turns a wake-up per request into batches.
 //!
 //! A process may also give its workers a tidy function ([`tidy_with`]), which each calls once
 //! every [`TIDY_EVERY`] while it runs: the binary uses it to have its allocator give back what
