@@ -730,15 +730,7 @@ impl Client {
         }
         resp::client_response_head(&r.head, &meta, client_keep, http10, &mut self.out);
         let head_bytes = self.out.len() as u64;
-        let mut to = ToClient {
-            stream: &mut self.stream,
-            out: &mut self.out,
-            send: t.send,
-            waiting: &self.shared.waiting,
-            listed: &mut self.listed,
-            // (The client's buffer does not change while a response is relayed.)
-            at_shutdown: self.buf.is_empty(),
-        };
+        let mut to = self.writer(t.send);
         let relayed =
             upstream::relay_body(&mut node, meta.body, meta.keep_alive, &mut to, opts).await;
         let metrics = &self.shared.metrics;
@@ -776,19 +768,26 @@ impl Client {
 
     /// Write what is pending to the client.
     async fn flush(&mut self, t: Timeouts) -> Result<(), Fail> {
-        self.listed = Some(
-            self.shared
-                .waiting
-                .enter(self.stream.raw_fd(), self.buf.is_empty()),
-        );
-        let (_, r) = send_to_client(&mut self.stream, &self.out, false, t.send).await;
-        self.out.clear();
+        let r = upstream::Client::write_pending(&mut self.writer(t.send)).await;
         r.map_err(|e| {
             if e.kind() == io::ErrorKind::TimedOut {
                 self.shared.metrics.timeouts.fetch_add(1, Relaxed);
             }
             Fail::Client(End::Broken)
         })
+    }
+
+    /// The pending bytes and the socket they go to, sends waiting at most `send` for room.
+    fn writer(&mut self, send: std::time::Duration) -> ToClient<'_> {
+        ToClient {
+            stream: &mut self.stream,
+            out: &mut self.out,
+            send,
+            waiting: &self.shared.waiting,
+            listed: &mut self.listed,
+            // (The client's buffer does not change while its pending bytes are written.)
+            at_shutdown: self.buf.is_empty(),
+        }
     }
 
     /// Answer a request with an error status produced by the switch itself.

@@ -154,12 +154,12 @@ fn gathered_responses_reach_a_client_with_a_small_window_whole() {
     let bodies: Vec<_> = (0..4u8)
         .map(|i| pattern(40 * 1024 + 7000 * i as usize, i))
         .collect();
-    let files: Vec<_> = bodies
+    let names: Vec<_> = (0..bodies.len()).map(|i| format!("f{i}")).collect();
+    let files: Vec<_> = names
         .iter()
-        .enumerate()
-        .map(|(i, b)| (format!("f{i}"), b.clone()))
+        .map(String::as_str)
+        .zip(bodies.clone())
         .collect();
-    let files: Vec<_> = files.iter().map(|(n, b)| (n.as_str(), b.clone())).collect();
     let nodes = cluster(1, &files);
     let sw = TestSwitch::start(&[nodes[0].addr], |_| {});
     let mut c = Client::connect_with_receive_buffer(sw.addr, 4096);

@@ -90,12 +90,12 @@ impl RelayOptions {
             BodyLength::Length(n) => {
                 let take = (buffered as u64).min(n);
                 let left = n - take;
-                if !self.whole(left) {
-                    take as usize
-                } else if self.gathers(take as usize, left) {
+                if self.gathers(take as usize, left) {
                     left as usize
-                } else {
+                } else if self.whole(left) {
                     n as usize
+                } else {
+                    take as usize
                 }
             }
             BodyLength::None => 0,
