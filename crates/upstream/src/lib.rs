@@ -222,19 +222,37 @@ impl Connection {
 
     /// Read at most `max` more bytes straight onto the end of `dst` (none of them through the
     /// connection's own buffer, which must be empty), waiting until `until`; 0 at the peer's
-    /// close. For a relay that knows how many bytes are still to come: it reads no further.
+    /// close. For a relay that knows how many bytes are still to come.
+    ///
+    /// When `last`, the `max` bytes are the last the peer is to send before it is asked again,
+    /// and the read asks for one more: a peer that sent no more then fills less than was asked,
+    /// which tells the runtime that the socket is drained. A read that filled exactly what it
+    /// asked for left the readiness set, and the pool's check of the connection at its next
+    /// checkout paid a system call (an `EAGAIN` peek, one per relayed response of a few KiB or
+    /// more) to learn that nothing was there. A byte that does come past `max` is not the
+    /// caller's: it stays in the connection's buffer, as bytes read past a body with its head
+    /// do, and the connection is not reused.
     pub(crate) async fn read_into(
         &mut self,
         dst: &mut Vec<u8>,
         max: usize,
+        last: bool,
         until: Instant,
     ) -> io::Result<usize> {
         debug_assert!(self.buf.is_empty());
-        dst.reserve(max);
-        let Connection { stream, timer, .. } = self;
-        let n = read_waiting(stream, timer, &mut dst.spare_capacity_mut()[..max], until).await?;
+        let ask = max + usize::from(last && max > 0);
+        dst.reserve(ask);
+        let Connection {
+            stream, timer, buf, ..
+        } = self;
+        let n = read_waiting(stream, timer, &mut dst.spare_capacity_mut()[..ask], until).await?;
         // SAFETY: the read initialised the first `n` bytes of the spare capacity.
         unsafe { dst.set_len(dst.len() + n) };
+        if n > max {
+            buf.extend_from_slice(&dst[dst.len() - 1..]);
+            dst.truncate(dst.len() - 1);
+            return Ok(max);
+        }
         Ok(n)
     }
 }

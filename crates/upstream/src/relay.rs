@@ -4,7 +4,8 @@
 //! chunked coding (checked with the strict decoder of [`switchyard_http::chunked`] and passed on
 //! as received), or by the peer's close. Bytes go through the client's pending buffer, written
 //! whenever it reaches [`RelayOptions::flush_at`] (a `Content-Length` body is read straight
-//! onto it, never past its end; one that leaves whole with the head at the relay's end keeps
+//! onto it, never past its end but for the one byte more that the read ending it asks for,
+//! which stays with the connection; one that leaves whole with the head at the relay's end keeps
 //! the bytes read with the head in the connection's buffer and sends them between the head and
 //! the rest, [`Client::write_pending_around`]); with [`Direct`] set, what remains of a
 //! `Content-Length` body after the first read moves straight to the client's socket instead
@@ -169,15 +170,19 @@ async fn write<C: Client>(client: &mut C) -> Result<(), Error> {
     client.write_pending().await.map_err(Error::Client)
 }
 
-/// Read at most `max` bytes from the peer onto the end of `dst`; the peer's close is
-/// [`Error::Truncated`].
+/// Read at most `max` bytes of a body, of which `left` are still to come, from the peer onto
+/// the end of `dst`; the peer's close is [`Error::Truncated`]. The read that may end the body
+/// asks for a byte more ([`Connection::read_into`]): a byte past the body stays in the
+/// connection's buffer.
 async fn read_into(
     conn: &mut Connection,
     dst: &mut Vec<u8>,
     max: usize,
+    left: u64,
     deadline: Deadline,
 ) -> Result<usize, Error> {
-    peer_read(conn.read_into(dst, max, deadline.next()).await)
+    let last = max as u64 == left;
+    peer_read(conn.read_into(dst, max, last, deadline.next()).await)
 }
 
 /// Read more from the peer; the peer's close is [`Error::Truncated`].
@@ -244,7 +249,8 @@ pub async fn relay_body<C: Client>(
                     write(client).await?;
                 }
                 let pending = client.pending();
-                // Never past the body: what follows it is the next response's.
+                // Never past the body (but for the byte more that `read_into` asks for at its
+                // end, which stays with the connection): what follows it is not the client's.
                 let want = if whole {
                     left as usize
                 } else {
@@ -252,7 +258,7 @@ pub async fn relay_body<C: Client>(
                     let room = opts.flush_at.saturating_sub(pending.len()).max(READ_SIZE);
                     left.min(room as u64) as usize
                 };
-                left -= read_into(conn, pending, want, opts.deadline).await? as u64;
+                left -= read_into(conn, pending, want, left, opts.deadline).await? as u64;
             }
             done.body = n;
         }
@@ -331,10 +337,13 @@ async fn relay_whole<C: Client>(
     let at = client.pending().len();
     let mut left = n - take as u64;
     while left > 0 {
-        left -= read_into(conn, client.pending(), left as usize, opts.deadline).await? as u64;
+        let want = left as usize;
+        left -= read_into(conn, client.pending(), want, left, opts.deadline).await? as u64;
     }
     let written = client.write_pending_around(at, &first[..take]).await;
     first.advance(take);
+    // A byte read past the body (above) joins what came past it with the head, if any.
+    first.extend_from_slice(&conn.buf);
     conn.buf = first;
     written.map_err(Error::Client)?;
     Ok(Relayed {
@@ -598,11 +607,52 @@ mod tests {
             got == [&head[..], &body].concat(),
             "bytes differ or out of order"
         );
-        // What follows the body is still the peer's.
-        assert!(r.reusable && conn.buf.is_empty());
-        let mut next = [0u8; 4];
+        // What follows the body is still the peer's: the one byte of it that the read ending
+        // the body took (it asked for a byte more) stays in the connection's buffer, which is
+        // then not reused, and the rest on the socket.
+        assert!(!r.reusable);
+        assert_eq!(&conn.buf[..], b"N");
+        let mut next = [0u8; 3];
         conn.stream.read_exact(&mut next).await.unwrap();
-        assert_eq!(&next, b"NEXT");
+        assert_eq!(&next, b"EXT");
+    }
+
+    /// A peer that sent nothing past the body leaves its connection known to be drained: the
+    /// read that ended the body asked for a byte more and came back short, so the pool's check
+    /// at the next checkout answers from the runtime's readiness, without a system call. Read
+    /// whole with the head (gathered), and in the pieces of a relay without the direct mode.
+    #[tokio::test]
+    async fn a_body_that_ends_what_was_sent_leaves_its_connection_drained() {
+        for (direct, around) in [(Some(DIRECT), &[5000][..]), (None, &[])] {
+            let (peer_side, mut peer) = pair().await;
+            let (client_side, mut client_r) = pair().await;
+            let mut conn = Connection::new(peer_side, "127.0.0.1:1".parse().unwrap(), false);
+            let body = data(50_000);
+            conn.buf.extend_from_slice(&body[..5000]);
+            // All of the rest has arrived before the relay reads: one read takes exactly it.
+            peer.write_all(&body[5000..]).await.unwrap();
+            let head = b"HTTP/1.1 200 OK\r\nContent-Length: 50000\r\n\r\n";
+            let mut sink = Sink::new(client_side, head);
+            let len = BodyLength::Length(body.len() as u64);
+            let r = relay_body(&mut conn, len, true, &mut sink, opts(direct)).await;
+            let r = r.unwrap();
+            assert_eq!(sink.around, around);
+            drop(sink);
+            assert!(r.reusable && conn.buf.is_empty());
+            let mut tried = false;
+            let checked = conn.stream.try_io(tokio::io::Interest::READABLE, || {
+                tried = true;
+                Err::<(), _>(io::ErrorKind::WouldBlock.into())
+            });
+            assert!(checked.is_err());
+            assert!(
+                !tried,
+                "the readiness is still set: the pool's check would peek"
+            );
+            let mut got = Vec::new();
+            client_r.read_to_end(&mut got).await.unwrap();
+            assert!(got == [&head[..], &body].concat(), "bytes differ");
+        }
     }
 
     /// A body read whole with its head, and bytes after it, leaves from where it was read; the
