@@ -42,6 +42,13 @@
 #        WRK_TIMEOUT=10 HAPROXY_BUFSIZE=131072 bench/cluster/run.sh
 # (with LINK_MBIT=100 a 1 MiB response takes about a second per connection: use DURATION=10 or
 # more so that the requests cut off at the end of a run do not dominate.)
+# CC=cubic makes every lab host use that TCP congestion control (the host's default is what the
+# lab's namespaces start with). A kernel without the fq qdisc paces BBR's sends with a timer per
+# socket, armed again and again as each burst leaves (on a VM each arming is a trip to the
+# hypervisor), which bounds 100 KiB responses at keep-alive in the lab (bench/RESULTS.md,
+# 2026-12-06, sixth session). A namespace may only choose an algorithm the host allows
+# (net.ipv4.tcp_allowed_congestion_control): CC is added to that list for the run and the list
+# restored on exit.
 # SWITCH_ARGS="--defer-accept-ms=1000" passes extra flags to the lab's switch on the VIP (each
 # word one flag). SWITCHYARD_BIN=/path/to/switchyard uses that binary and skips the build (SKIP_BUILD=1 skips it
 # too, using $CARGO_TARGET_DIR/release/switchyard). Needs root (network namespaces); installs
@@ -64,6 +71,7 @@ SWITCH_ARGS=${SWITCH_ARGS:-}
 PREFIX=${PREFIX:-sybench}
 WRK_TIMEOUT=${WRK_TIMEOUT:-10}
 HAPROXY_BUFSIZE=${HAPROXY_BUFSIZE:-131072}
+CC=${CC:-}
 RELAY_PORT=8081
 HAPROXY_PORT=8080
 NFILES=64
@@ -104,12 +112,13 @@ fi
 bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
 # (the lab starts this same binary inside the namespaces)
 
-cmdline="DURATION=$DURATION ROUNDS=$ROUNDS CONNS=$CONNS THREADS=$THREADS NODES=$NODES CLIENTS=$CLIENTS MECHS=\"$MECHS\" SIZES=\"$SIZES\" MODES=\"$MODES\"${LINK_MBIT:+ LINK_MBIT=$LINK_MBIT} WRK_TIMEOUT=$WRK_TIMEOUT HAPROXY_BUFSIZE=$HAPROXY_BUFSIZE bench/cluster/run.sh"
+cmdline="DURATION=$DURATION ROUNDS=$ROUNDS CONNS=$CONNS THREADS=$THREADS NODES=$NODES CLIENTS=$CLIENTS MECHS=\"$MECHS\" SIZES=\"$SIZES\" MODES=\"$MODES\"${LINK_MBIT:+ LINK_MBIT=$LINK_MBIT} WRK_TIMEOUT=$WRK_TIMEOUT HAPROXY_BUFSIZE=$HAPROXY_BUFSIZE${CC:+ CC=$CC} bench/cluster/run.sh"
 
 work=$(mktemp -d /tmp/sy-cluster-XXXXXX)
 chmod 755 "$work"
 pids=()
 lab_started=0
+cc_allowed_before=
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
@@ -128,6 +137,10 @@ cleanup() {
         for _ in $(seq 30); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
         kill -9 "$p" 2>/dev/null || true
     done
+    if [ -n "$cc_allowed_before" ]; then
+        sysctl -qw net.ipv4.tcp_allowed_congestion_control="$cc_allowed_before" ||
+            echo "warning: could not restore net.ipv4.tcp_allowed_congestion_control to '$cc_allowed_before'" >&2
+    fi
     if [ "$lab_started" = 1 ]; then
         timeout 120 "$bin" lab down --prefix "$PREFIX" >/dev/null 2>&1 || echo "warning: lab down --prefix $PREFIX failed" >&2
     fi
@@ -136,6 +149,18 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+
+if [ -n "$CC" ]; then
+    if ! tr ' ' '\n' < /proc/sys/net/ipv4/tcp_available_congestion_control | grep -qx -- "$CC"; then
+        echo "CC=$CC: not one of this kernel's congestion controls ($(cat /proc/sys/net/ipv4/tcp_available_congestion_control))" >&2
+        exit 2
+    fi
+    allowed=$(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control)
+    if ! tr ' ' '\n' <<< "$allowed" | grep -qx -- "$CC"; then
+        cc_allowed_before=$allowed
+        sysctl -qw net.ipv4.tcp_allowed_congestion_control="$allowed $CC"
+    fi
+fi
 
 # The site: the same files on every node.
 root="$work/site"
@@ -175,6 +200,13 @@ for a in $SWITCH_ARGS; do up_args+=("--switch-arg=$a"); done
 timeout 180 "$bin" "${up_args[@]}" > "$work/lab-up.out" 2>&1 || { cat "$work/lab-up.out" >&2; exit 1; }
 timeout 30 "$bin" lab status --prefix "$PREFIX" --json > "$work/status.json"
 vip=$(jq -r .vip "$work/status.json")
+if [ -n "$CC" ]; then
+    # Before any connection of the runs opens: connections, accepted ones too, take their
+    # namespace's default when they are made.
+    for ns in $(jq -r '.hosts[].netns' "$work/status.json" | sort -u); do
+        ip netns exec "$ns" sysctl -qw net.ipv4.tcp_congestion_control="$CC"
+    done
+fi
 host_field() { jq -r --arg h "$1" --arg f "$2" '.hosts[] | select(.name == $h) | .[$f]' "$work/status.json"; }
 proc_pid() { jq -r --arg h "$1" '.processes[] | select(.host == $h) | .pid' "$work/status.json"; }
 client_ns=$(host_field client0 netns)
