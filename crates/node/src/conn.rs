@@ -50,7 +50,7 @@ use switchyard_http::request::{BodyFraming, Limits, Method, RequestHead, Version
 use switchyard_http::response::{DateCache, ResponseHead};
 use switchyard_http::upstream::client_response_head;
 use switchyard_runtime::{ClientSocket, WaitTimer};
-use switchyard_upstream::splice::{send_to_client, send_to_client_or_wait};
+use switchyard_upstream::splice::{send_to_client, send_to_client_or_wait, GATHER_MIN};
 
 use crate::forward;
 use crate::fs::FileInfo;
@@ -68,9 +68,6 @@ pub(crate) use dynamic::Dynamic;
 
 /// Buffered responses are flushed once this much is pending.
 const FLUSH_AT: usize = 64 * 1024;
-/// Cached bodies from this size on are sent gathered behind their head, not copied into the
-/// output buffer (`write_out_with`).
-const GATHER_MIN: usize = 4 * 1024;
 
 /// Shared by every connection of a node.
 #[derive(Debug)]

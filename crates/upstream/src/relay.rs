@@ -25,7 +25,8 @@ use tokio::net::TcpStream;
 use switchyard_http::chunked::ChunkedDecoder;
 use switchyard_http::upstream::BodyLength;
 
-use crate::{splice, Connection, Deadline, Error, READ_SIZE};
+use crate::splice::{self, GATHER_MIN};
+use crate::{Connection, Deadline, Error, READ_SIZE};
 
 /// The client side of a relay: a buffer of bytes waiting for the client, and its socket.
 pub trait Client {
@@ -159,12 +160,6 @@ impl From<Error> for RelayFailed {
 /// mode (every one under the default splice threshold, 64 KiB, is): with the first read, it
 /// bounds what a relayed response holds in memory when its body is not spliced.
 const WHOLE_MAX: u64 = 128 * 1024;
-
-/// Fewer body bytes than this read with the head are copied behind it rather than sent where
-/// they are: at a few KiB the copy saves little, and a small response then leaves in a `send`
-/// of one buffer, the path it was measured on, not a `sendmsg` of two (the node draws the same
-/// line for its cached bodies).
-const GATHER_MIN: usize = 4 * 1024;
 
 async fn write<C: Client>(client: &mut C) -> Result<(), Error> {
     client.write_pending().await.map_err(Error::Client)
@@ -320,10 +315,10 @@ pub async fn relay_body<C: Client>(
 }
 
 /// A `Content-Length` body of `n` bytes read whole, `take` of them (at least `GATHER_MIN`)
-/// with its head, to leave with the pending head in one write. What was read with the head stays in the connection's buffer
-/// and goes between the head and the rest, which is read onto the head's bytes: a response
-/// passes through the relay without a copy of its body (at 16 KiB the copy was half of the
-/// relay's instructions per response).
+/// with its head, to leave with the pending head in one write. What was read with the head
+/// stays in the connection's buffer and goes between the head and the rest, which is read onto
+/// the head's bytes: a response passes through the relay without a copy of its body (at 16 KiB
+/// the copy was half of the relay's instructions per response).
 async fn relay_whole<C: Client>(
     conn: &mut Connection,
     n: u64,

@@ -250,6 +250,12 @@ pub async fn send_to_client(
     send_to_client_or_wait(to, &[data], more, limit, || {}).await
 }
 
+/// Body bytes below this many are copied behind their head rather than sent as a part of their
+/// own in a gathered send ([`send_to_client_or_wait`]): at a few KiB the copy saves little, and
+/// a small response then leaves in a `send` of one buffer, not a `sendmsg` of two. The node's
+/// cached bodies and the relay's bodies read with their head draw the line here.
+pub const GATHER_MIN: usize = 4 * 1024;
+
 /// [`send_to_client`] of `parts` gathered in order (a head and a body kept apart leave in one
 /// system call), calling `waits` once before the send may wait for its client: a send that
 /// finishes at once never calls it. Returns the bytes sent, of all parts.
